@@ -1,0 +1,1 @@
+"""Canonical bitwise-reproducible op definitions (eager PyTorch, BR-safe primitives only)."""
