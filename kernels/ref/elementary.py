@@ -32,6 +32,11 @@ SQRT_HALF = 0.70710678118654752440
 _INV_FACT = [1.0 / math.factorial(n) for n in range(20)]
 
 
+def _alt(i: int) -> float:
+    """(-1)^i without a float pow."""
+    return -1.0 if i % 2 else 1.0
+
+
 def _horner(r: torch.Tensor, coeffs: list[float]) -> torch.Tensor:
     """sum_i coeffs[i] * r^i by Horner with separate * and + (no FMA possible in eager ops)."""
     p = torch.full_like(r, coeffs[-1])
@@ -85,8 +90,8 @@ def sincos64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     r = ((x - k * PIO2_1) - k * PIO2_2) - k * PIO2_3
     r2 = r * r
     # sin r = r (1 - r^2/3! + ...), cos r = 1 - r^2/2! + ...; |r| <= 0.786 so degree 19/18 reach 1e-18
-    s = r * _horner(r2, [(-1.0) ** i * _INV_FACT[2 * i + 1] for i in range(10)])
-    c = _horner(r2, [(-1.0) ** i * _INV_FACT[2 * i] for i in range(10)])
+    s = r * _horner(r2, [_alt(i) * _INV_FACT[2 * i + 1] for i in range(10)])
+    c = _horner(r2, [_alt(i) * _INV_FACT[2 * i] for i in range(10)])
     q = torch.remainder(k.to(torch.int64), 4)
     sin = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
     cos = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
@@ -242,6 +247,30 @@ class _Silu(torch.autograd.Function):
         return g * (s * (1.0 + x * (1.0 - s)))
 
 
+class _Sin(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return sin_(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * cos_(x)
+
+
+class _Cos(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return cos_(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return -(g * sin_(x))
+
+
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e^x, float32, < 1 ulp."""
     _f32("exp", x)
@@ -287,13 +316,13 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 def sin(x: torch.Tensor) -> torch.Tensor:
     """sin x, float32, < 1 ulp for |x| <= 2^20 (RoPE angles stay far below)."""
     _f32("sin", x)
-    return sin_(x)
+    return _Sin.apply(x)
 
 
 def cos(x: torch.Tensor) -> torch.Tensor:
     """cos x, float32, < 1 ulp for |x| <= 2^20."""
     _f32("cos", x)
-    return cos_(x)
+    return _Cos.apply(x)
 
 
 def pow_int(base: float, t: int) -> float:
