@@ -11,11 +11,13 @@ world size, rank or machine. The training loop uses:
     x = s.take(mine)                                             # int32 (len(mine), seq_len + 1)
     x = s.windows(lo, hi)                                        # or all of them, in order
     lr = stream.OPEN_1B_LR.at_step(step, sched)                  # token-anchored warmup + cosine
-    state = s.state()                                            # JSON-able, rank independent
+    state = s.state_for_step(step + 1, sched)                    # JSON-able, the same on every rank
     s.restore(state)                                             # bit-exact continuation
     s.seek_step(step, sched, stream.StateStore("runs/x/stream")) # nearest saved state, then forward
 
-Reads are cheapest in ascending window order; going back needs a state (or `seek`). Corpus tools:
+Reads are cheapest in ascending window order; going back needs a state (or `seek`). `s.state()` is
+taken at `s.position` (after the last window read), which differs between ranks that `take` different
+windows; checkpoints use `state_for_step` (or `state(window)`), a boundary every rank agrees on. Corpus tools:
 `build_demo` (the embedded corpus, `python -m app data build-demo`), `prepare_corpus` (any JSON/TOML
 corpus config), `step_provenance` (`python -m app data inspect --step N`).
 """

@@ -17,7 +17,7 @@ def build_demo_main(out: str = DEFAULT_CORPUS, vocab_size: int = 4096) -> int:
     """`data build-demo`: write the embedded corpus and print its manifest digest."""
     from stream.demo_corpus import DemoConfig, build_demo
 
-    console = Console()
+    console = Console(soft_wrap=True)
     t0 = time.perf_counter()
     m = build_demo(out, DemoConfig(vocab_size=vocab_size))
     for s in m.sources:
@@ -33,7 +33,7 @@ def prepare_main(config: str, vocab_size: int) -> int:
     from stream.prepare import prepare_corpus
 
     m = prepare_corpus(config, vocab_size=vocab_size)
-    Console().print(f"manifest blake3 {m.digest} ({sum(s.tokens for s in m.sources)} tokens)")
+    Console(soft_wrap=True).print(f"manifest blake3 {m.digest} ({sum(s.tokens for s in m.sources)} tokens)")
     return 0
 
 

@@ -23,8 +23,9 @@ def blake3_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, fsync, then os.replace: readers never see half a file."""
+def atomic_write_bytes(path: str | Path, data: bytes, durable: bool = True) -> None:
+    """Write to a temporary file in the same directory, fsync (unless not `durable`), then os.replace:
+    readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -33,7 +34,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -45,7 +47,7 @@ def canonical_json(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def atomic_write_json(path: str | Path, obj: object) -> None:
+def atomic_write_json(path: str | Path, obj: object, durable: bool = True) -> None:
     """Pretty JSON (sorted keys, so two writes of the same object are the same bytes), written atomically."""
     text = json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), durable)

@@ -81,18 +81,18 @@ class MemoryStateStore:
 
 
 class StateStore(MemoryStateStore):
-    """States by step, one file `state-<step>.json` each in `directory`."""
+    """States by step, one file `state-<step>.json` each in `directory` (fsynced unless `durable=False`)."""
 
     _NAME = re.compile(r"^state-(\d{12})\.json$")
 
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
+    def __init__(self, directory: str | Path, durable: bool = True) -> None:
+        self.directory, self.durable = Path(directory), durable
 
     def _path(self, step: int) -> Path:
         return self.directory / f"state-{_int(step, 'step'):012d}.json"
 
     def save(self, step: int, state: dict) -> None:
-        atomic_write_json(self._path(step), state)
+        atomic_write_json(self._path(step), state, self.durable)
 
     def steps(self) -> list[int]:
         if not self.directory.is_dir():

@@ -130,6 +130,8 @@ class WindowStream:
     def _gather(self, a: int, b: int, out: np.ndarray) -> None:
         """Tokens [a, b) of the stream into `out` (the log covers them)."""
         i0, i1 = self._range(a, b)
+        if i0 < 0 or i1 <= i0:
+            raise StreamError(f"internal: tokens [{a}, {b}) are not covered by the document log")
         lg = self._log
         start, length = lg["start"][i0:i1], lg["length"][i0:i1]
         cs = np.maximum(start, a)
@@ -157,7 +159,8 @@ class WindowStream:
         """Windows start..end-1 as an int32 array (end - start, seq_len + 1); sequential reads are cheapest."""
         self._need(start, end)
         out = np.empty((end - start) * self.L, dtype=np.int32)
-        self._gather(start * self.L, end * self.L, out)
+        if end > start:
+            self._gather(start * self.L, end * self.L, out)
         self._trim(start)
         self._pos = end
         return out.reshape(end - start, self.L)
@@ -265,6 +268,10 @@ class WindowStream:
             sources[s.name] = {"epoch": epoch, "consumed": used}
         return {"format": STATE_FORMAT, "stream": dict(self.identity), "window": window, "documents": n,
                 "mix": MixGenerator.canonical_state(self.seed, n), "sources": sources, "partial": partial}
+
+    def state_for_step(self, step: int, schedule: BatchSchedule) -> dict:
+        """The state before step `step` (at its first window): what every rank saves, whatever it read."""
+        return self.state(schedule.window_range(step)[0])
 
     def restore(self, state: dict) -> None:
         """Continue from `state` exactly; a state of another corpus, seed or seq_len raises StateError."""

@@ -48,6 +48,7 @@ def test_every_world_size_reads_the_same_windows_in_the_same_order(tiny_corpus):
         s1 = stream.open_stream(tiny_corpus, SEQ_LEN, SEED)
         s1.seek_step(step, SCHED, states)
         ref = s1.windows(a, b)
+        after = s1.state_for_step(step + 1, SCHED)
         assert list(windows_for(step, 0, 1, SCHED)) == list(range(a, b))
         for R, streams in ranks.items():
             got = np.empty_like(ref)
@@ -60,6 +61,7 @@ def test_every_world_size_reads_the_same_windows_in_the_same_order(tiny_corpus):
                 seen += list(mine)
             assert sorted(seen) == list(range(a, b))
             assert got.tobytes() == ref.tobytes(), (step, R)
+            assert all(s.state_for_step(step + 1, SCHED) == after for s in streams)  # rank-independent state
 
 
 def test_windows_for_validates():
