@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.selfcheck", description=__doc__)
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(width=max(Console().width, 110))
     rows = parity_rows(args.device)
     table = Table(title=f"BR op library self-check on {args.device} (torch {torch.__version__})")
     for col in ("op", "cases", "golden digests", "accuracy vs float64", "bound"):
