@@ -1,0 +1,44 @@
+"""Point-to-point plumbing shared by the distributed collectives: one batched exchange per round, and the fold."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def exchange(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]],
+             group: dist.ProcessGroup | None = None) -> None:
+    """Post every send and receive of one round as one batch and wait for all (peers are group ranks).
+
+    One batch per round: NCCL point-to-point is only reliable through batch_isend_irecv (BR_FACTS.md).
+    """
+    ops = [dist.P2POp(dist.isend, t, _global(p, group), group) for t, p in sends]
+    ops += [dist.P2POp(dist.irecv, t, _global(p, group), group) for t, p in recvs]
+    if not ops:
+        return
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+
+
+def _global(group_rank: int, group: dist.ProcessGroup | None) -> int:
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    return dist.get_global_rank(group, group_rank)
+
+
+def fold_into(acc: torch.Tensor, rank: int, fold: Sequence[int], got: dict[int, torch.Tensor]) -> None:
+    """acc <- the left-to-right sum of the values of `fold` (acc itself for `rank`, else received)."""
+    if not fold:
+        return
+    ops = [acc if x == rank else got[x] for x in fold]
+    if len(ops) == 1:
+        if ops[0] is not acc:
+            acc.copy_(ops[0])
+        return
+    if rank in fold[2:]:
+        raise ValueError(f"rank {rank}'s own value must be among the first two operands of {tuple(fold)}")
+    # bit-relevant: plain elementwise adds, strictly left to right (in place gives the same bits)
+    torch.add(ops[0], ops[1], out=acc)
+    for o in ops[2:]:
+        acc.add_(o)
