@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from .average import reciprocal
+from .exact import exact_all_reduce_, exact_sum
 from .group import CollectiveGroup, free_port
 from .reduce_scatter import shard_bounds, simulate_reduce_scatter
 from .treefold import treefold
@@ -54,6 +55,7 @@ def check(g: CollectiveGroup, n: int = 4097, seed: int = 0) -> dict:
     res["reduce_scatter"] = _same(shard, simulate_reduce_scatter(ps)[rank])
     res["all_gather"] = _same(g.all_gather(shard, n), torch.cat(simulate_reduce_scatter(ps)))
     res["broadcast"] = _same(g.broadcast(mine.clone(), src=world - 1), ps[world - 1])
+    res["exact_all_reduce"] = _same(exact_all_reduce_(mine.clone(), g.group, block=256), exact_sum(ps, block=256))
     # torch's own all-reduce on the same group: marked non-deterministic; close, bits unspecified
     native = CollectiveGroup(g.group, native=True, device=dev)
     nat = native.all_reduce_(mine.clone()).cpu().double()
