@@ -10,7 +10,7 @@ from functools import lru_cache
 import torch
 import torch.distributed as dist
 
-from .p2p import exchange, fold_into
+from .p2p import fold_into, post
 from .schedule import Step, allreduce_schedule, check_schedule
 
 
@@ -36,12 +36,17 @@ def simulate_allreduce(partials: list[torch.Tensor]) -> list[torch.Tensor]:
     return acc
 
 
-def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Deterministic in-place sum of `tensor` over `group`; every rank gets TreeFold's bits. Returns tensor."""
+def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, chunks: int = 1) -> torch.Tensor:
+    """Deterministic in-place sum of `tensor` over `group`; every rank gets TreeFold's bits. Returns tensor.
+
+    chunks > 1 pipelines each round: all chunk exchanges are posted, and chunk c is added as soon as it
+    has arrived, overlapping the adds with the transfers. Elementwise adds per chunk: the same bits.
+    """
     if not tensor.is_contiguous():
         raise ValueError("all_reduce_ needs a contiguous tensor (it sends and folds its storage in place)")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     flat = tensor.view(-1)
+    bounds = _chunk_bounds(flat.numel(), chunks)
     bufs: list[torch.Tensor] = []
     for row in schedule(world):
         step = row[rank]
@@ -49,7 +54,19 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) ->
             continue
         while len(bufs) < len(step.recvs):
             bufs.append(torch.empty_like(flat))
-        got = dict(zip(step.recvs, bufs))
-        exchange([(flat, p) for p in step.sends], [(b, p) for p, b in got.items()], group)
-        fold_into(flat, rank, step.fold, got)
+        works = []
+        for a, b in bounds:
+            works.append(post([(flat[a:b], p) for p in step.sends],
+                              [(buf[a:b], p) for p, buf in zip(step.recvs, bufs)], group))
+        for (a, b), ws in zip(bounds, works):
+            for w in ws:
+                w.wait()
+            fold_into(flat[a:b], rank, step.fold, {p: buf[a:b] for p, buf in zip(step.recvs, bufs)})
     return tensor
+
+
+def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks}")
+    step = max(1, -(-n // chunks))
+    return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]

@@ -30,12 +30,13 @@ def free_port() -> int:
 class CollectiveGroup:
     """Deterministic collectives over a process group (the default one unless `group` is given)."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, *, native: bool = False,
+    def __init__(self, group: dist.ProcessGroup | None = None, *, native: bool = False, chunks: int = 1,
                  device: torch.device | None = None, _owns_default: bool = False) -> None:
         if not dist.is_initialized():
             raise RuntimeError("CollectiveGroup needs an initialized torch.distributed; use CollectiveGroup.init(...)")
         self.group = group
         self.native = native
+        self.chunks = chunks  # pipelining of the deterministic all-reduce; never changes its bits
         self.backend = str(dist.get_backend(group))
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -47,7 +48,7 @@ class CollectiveGroup:
     @classmethod
     def init(cls, rank: int, world: int, *, master_addr: str | None = None, master_port: int | None = None,
              init_method: str | None = None, store: dist.Store | None = None, backend: str | None = None,
-             device: torch.device | str | None = None, native: bool = False,
+             device: torch.device | str | None = None, native: bool = False, chunks: int = 1,
              timeout_s: float = 600.0) -> "CollectiveGroup":
         """Create this process's default process group (rendezvous by addr/port, init_method or store) and wrap it."""
         if dist.is_initialized():
@@ -73,7 +74,7 @@ class CollectiveGroup:
             torch.cuda.set_device(dev)
             kw["device_id"] = dev  # eager NCCL init; point-to-point needs it (BR_FACTS.md)
         dist.init_process_group(**kw)
-        g = cls(None, native=native, device=dev, _owns_default=True)
+        g = cls(None, native=native, chunks=chunks, device=dev, _owns_default=True)
         g._warm_up()
         return g
 
@@ -93,7 +94,7 @@ class CollectiveGroup:
         if self.native:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
             return tensor
-        return _det_all_reduce_(tensor, self.group)
+        return _det_all_reduce_(tensor, self.group, self.chunks)
 
     def average_(self, tensor: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """tensor *= 1/n (default n = world) as a reciprocal multiply."""

@@ -7,17 +7,21 @@ import torch
 import torch.distributed as dist
 
 
-def exchange(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]],
-             group: dist.ProcessGroup | None = None) -> None:
-    """Post every send and receive of one round as one batch and wait for all (peers are group ranks).
+def post(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]],
+         group: dist.ProcessGroup | None = None) -> list:
+    """Post sends and receives (peers are group ranks) as one batch; returns the works to wait on.
 
-    One batch per round: NCCL point-to-point is only reliable through batch_isend_irecv (BR_FACTS.md).
+    Always batched: NCCL point-to-point is only reliable through batch_isend_irecv (BR_FACTS.md).
     """
     ops = [dist.P2POp(dist.isend, t, _global(p, group), group) for t, p in sends]
     ops += [dist.P2POp(dist.irecv, t, _global(p, group), group) for t, p in recvs]
-    if not ops:
-        return
-    for w in dist.batch_isend_irecv(ops):
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def exchange(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]],
+             group: dist.ProcessGroup | None = None) -> None:
+    """One round: post every send and receive as one batch and wait for all."""
+    for w in post(sends, recvs, group):
         w.wait()
 
 

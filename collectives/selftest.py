@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from .allreduce import all_reduce_ as _det_all_reduce_
 from .average import reciprocal
 from .exact import exact_all_reduce_, exact_sum
 from .group import CollectiveGroup, free_port
@@ -48,6 +49,7 @@ def check(g: CollectiveGroup, n: int = 4097, seed: int = 0) -> dict:
     res: dict[str, bool] = {}
     out = g.all_reduce_(mine.clone())
     res["all_reduce"] = _same(out, ref)
+    res["all_reduce_chunked"] = _same(_det_all_reduce_(mine.clone(), g.group, chunks=3), ref)
     two_d = g.all_reduce_(mine[: (n // 3) * 3].clone().reshape(3, -1))
     res["all_reduce_2d"] = _same(two_d, treefold([p[: (n // 3) * 3].reshape(3, -1) for p in ps]))
     res["average"] = _same(g.average_(out.clone()), ref * reciprocal(world))
