@@ -19,3 +19,13 @@ def random_projection(seed: int = 0, e: int = 2, n: int = 32, k: int = 256, expe
 @pytest.fixture
 def make_projection():
     return random_projection
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The fit is many small ops: on 2 shared cores, OpenMP threads spin against other processes
+    (a 256 x 256 sweep: 0.6 s on one thread, 6 s on two under load). Restored after each test."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -1,0 +1,127 @@
+"""Codebook EM for the two additive 256 x 8 books on the FP4 grid (seed 002, section 3).
+
+Data: normalized 8-dim groups v (weights divided by their block scale), drawn with probability
+proportional to their Hessian importance, with optional per-dimension weights d (the Hessian metric's
+diagonal inside a group). Objective: sum_i sum_j d_ij (v_ij - c0[a_i]_j - c1[b_i]_j)^2.
+
+Warm start: k-means for c0 on v, then k-means for c1 on the residuals v - c0[a]. Then `iters`
+alternating refinements: (a, b) by alternating nearest-atom search, c0 given b, c1 given a. Every M-step
+projects the atoms to FP4: given the assignment the objective is separable per (atom, dim) and quadratic,
+so the nearest grid point to the weighted mean is the exact constrained optimum. On GPUs the sums over
+samples are one-hot matmuls, not index_add (CUDA's atomics would make them order-dependent).
+
+Assignment: the seed's alternating search (greedy c0 then c1, then refinements) reaches relative L2
+error 0.338 on i.i.d. Gaussian groups; a beam over c0 (`beam` nearest c0 atoms, each with its best c1
+atom) reaches 0.316 at width 8 and 0.315 at 16, against 0.314 for the exhaustive 65,536-pair search.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quant.format import ATOMS
+from quant.fp_formats import fp4_round
+
+
+def nearest(t: torch.Tensor, books: torch.Tensor, d: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [M]: argmin_k sum_j d_j (t_j - books[k, j])^2 (plain L2 when d is None)."""
+    if d is None:
+        return torch.argmin(torch.addmm((books * books).sum(1), t, books.T, alpha=-2.0), dim=1)
+    return torch.argmin(d @ (books * books).T - 2.0 * ((d * t) @ books.T), dim=1)
+
+
+def _beam(v: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, d: torch.Tensor | None,
+          width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best (a, b) among the `width` atoms of c0 nearest to v, each with its best c1 atom for the residual."""
+    w = torch.ones_like(v) if d is None else d
+    d0 = w @ (c0 * c0).T - 2.0 * ((w * v) @ c0.T)                      # [M, 256], up to a per-row constant
+    ca = torch.topk(d0, width, dim=1, largest=False).indices            # [M, B]
+    r = v.unsqueeze(1) - c0[ca]                                         # [M, B, 8] residuals
+    wr = w.unsqueeze(1) * r
+    dist = (wr * r).sum(-1, keepdim=True) - 2.0 * (wr @ c1.T) + (w @ (c1 * c1).T).unsqueeze(1)  # [M, B, 256]
+    best, bi = dist.min(dim=2)
+    j = best.argmin(dim=1, keepdim=True)
+    return ca.gather(1, j).squeeze(1), bi.gather(1, j).squeeze(1)
+
+
+def assign_pair(v: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, d: torch.Tensor | None = None,
+                rounds: int = 1, a: torch.Tensor | None = None, b: torch.Tensor | None = None,
+                beam: int = 0, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b) for groups v [M, 8]: beam search over c0 (beam > 0) or greedy c0-then-c1 (unless a, b are
+    given), then `rounds` alternating refinements (each can only lower the error)."""
+    if beam > 0:
+        parts = [_beam(v[i:i + chunk], c0, c1, None if d is None else d[i:i + chunk], min(beam, ATOMS))
+                 for i in range(0, v.shape[0], chunk)]
+        a, b = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    elif a is None or b is None:
+        a = nearest(v, c0, d)
+        b = nearest(v - c0[a], c1, d)
+    for _ in range(rounds):
+        a = nearest(v - c1[b], c0, d)
+        b = nearest(v - c0[a], c1, d)
+    return a, b
+
+
+def weighted_error(t: torch.Tensor, q: torch.Tensor, d: torch.Tensor | None) -> torch.Tensor:
+    """Per-sample sum_j d_j (t_j - q_j)^2."""
+    e = (t - q) ** 2
+    return (e if d is None else e * d).sum(dim=1)
+
+
+def m_step(target: torch.Tensor, assign: torch.Tensor, d: torch.Tensor | None, old: torch.Tensor,
+           err: torch.Tensor) -> torch.Tensor:
+    """FP4-projected weighted means of `target` per atom; empty atoms reseeded at the worst-fit samples."""
+    count = torch.bincount(assign, minlength=ATOMS)
+    if target.device.type == "cpu":  # CPU index_add_ adds in index order: deterministic, and 10x a one-hot matmul
+        num = torch.zeros_like(old).index_add_(0, assign, target if d is None else d * target)
+        den = (count.to(old.dtype).unsqueeze(1).expand_as(old) if d is None
+               else torch.zeros_like(old).index_add_(0, assign, d))
+    else:
+        onehot = F.one_hot(assign, ATOMS).to(target.dtype)             # [M, 256]
+        num = onehot.T @ (target if d is None else d * target)           # [256, 8]
+        den = count.to(old.dtype).unsqueeze(1).expand_as(old) if d is None else onehot.T @ d
+    c = torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), old)
+    empty = torch.nonzero(count == 0).flatten()
+    if len(empty):
+        worst = torch.topk(err, min(len(empty), len(err))).indices
+        c[empty[: len(worst)]] = target[worst]
+    return fp4_round(c)
+
+
+def kmeans(v: torch.Tensor, d: torch.Tensor | None, iters: int, gen: torch.Generator) -> torch.Tensor:
+    """ATOMS FP4-grid centroids of v: seeded distinct-sample init, `iters` Lloyd steps."""
+    init = torch.randperm(v.shape[0], generator=gen)[:ATOMS].to(v.device)
+    c = fp4_round(v[init] if len(init) == ATOMS else v[init.repeat(ATOMS // len(init) + 1)[:ATOMS]])
+    for _ in range(iters):
+        a = nearest(v, c, d)
+        c = m_step(v, a, d, c, weighted_error(v, c[a], d))
+    return c
+
+
+def fit_codebooks(v: torch.Tensor, d: torch.Tensor | None, *, kmeans_iters: int = 10, iters: int = 8,
+                  rounds: int = 1, beam: int = 0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """(c0, c1, weighted-MSE history) for normalized groups v [M, 8] and dim weights d [M, 8] or None."""
+    gen = torch.Generator().manual_seed(seed)
+    c0 = kmeans(v, d, kmeans_iters, gen)
+    a = nearest(v, c0, d)
+    c1 = kmeans(v - c0[a], d, kmeans_iters, gen)
+    b = nearest(v - c0[a], c1, d)
+    history = []
+    for _ in range(iters):
+        a, b = assign_pair(v, c0, c1, d, rounds, a, b, beam=beam)
+        err = weighted_error(v, c0[a] + c1[b], d)  # reseeding needs only a rough worst-fit ranking
+        c0 = m_step(v - c1[b], a, d, c0, err)
+        c1 = m_step(v - c0[a], b, d, c1, err)
+        history.append(float(err.mean()))
+    return c0, c1, history
+
+
+def importance_sample(importance: torch.Tensor, count: int, seed: int) -> torch.Tensor:
+    """`count` distinct indices drawn with probability proportional to importance (Efraimidis-Spirakis)."""
+    n = importance.numel()
+    if count >= n:
+        return torch.arange(n, device=importance.device)
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=gen, dtype=torch.float64).to(importance.device).clamp(min=1e-300)
+    keys = torch.log(u) / importance.double().clamp(min=1e-300)  # larger key = drawn earlier
+    return torch.sort(torch.topk(keys, count).indices).values
