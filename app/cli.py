@@ -41,12 +41,49 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     data.set_defaults(func=_data)
 
 
+def _quant(args: argparse.Namespace) -> int:
+    from quant.pipeline import fit_cli
+    return fit_cli(args.model, args.layers, args.out, hot_count=args.hot_count, hot_share=args.hot_share,
+                   hot_scope=args.hot_scope, text_weight=args.text_weight, held_out=args.held_out,
+                   compare=not args.no_compare, device=args.device, sample_groups=args.sample_groups,
+                   metric=args.metric, beam=args.beam, seed=args.seed, experts=args.experts, hidden=args.hidden,
+                   ffn=args.ffn, tokens=args.tokens, top_k=args.top_k, threads=args.threads)
+
+
+def _add_quant(sub: argparse._SubParsersAction) -> None:
+    quant = sub.add_parser("quant", help="ARVQ: 2-bit additive vector quantization of cold MoE experts")
+    qsub = quant.add_subparsers(dest="quant_cmd", required=True)
+    f = qsub.add_parser("fit", help="hot/cold split and the Hessian-aware initial fit; packed export")
+    f.add_argument("--model", required=True, help="RUN_OR_CONFIG; for now synthetic[:SEED] (a synthetic MoE block)")
+    f.add_argument("--layers", required=True, help="layer ids: 3, 3-5 or 3,5")
+    f.add_argument("--out", required=True, help="output directory (manifest.json + layer_NNNN/*.safetensors)")
+    f.add_argument("--hot-count", type=int, default=None, help="keep this many experts hot (overrides --hot-share)")
+    f.add_argument("--hot-share", type=float, default=0.3, help="share of experts kept hot (default 0.3)")
+    f.add_argument("--hot-scope", choices=("global", "layer"), default="global", help="rank experts over all layers or per layer")
+    f.add_argument("--text-weight", type=float, default=0.75, help="text REAP weight vs other-domain salience (0.75)")
+    f.add_argument("--held-out", type=float, default=0.25, help="share of captured tokens held out for errors")
+    f.add_argument("--no-compare", action="store_true", help="skip the RTN/GPTQ 2-bit baselines")
+    f.add_argument("--device", default="cpu", help="cpu or cuda")
+    f.add_argument("--sample-groups", type=int, default=20_000, help="codebook EM sample per expert")
+    f.add_argument("--metric", choices=("ldl", "l2"), default="ldl", help="group assignment distance")
+    f.add_argument("--beam", type=int, default=8, help="c0 beam of the group search (0: greedy + alternating)")
+    f.add_argument("--seed", type=int, default=0, help="fit seed")
+    f.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    f.add_argument("--experts", type=int, default=8, help="synthetic: experts per layer")
+    f.add_argument("--hidden", type=int, default=256, help="synthetic: hidden size (multiple of 128)")
+    f.add_argument("--ffn", type=int, default=128, help="synthetic: expert ffn size (multiple of 128)")
+    f.add_argument("--tokens", type=int, default=4096, help="synthetic: captured tokens per layer")
+    f.add_argument("--top-k", type=int, default=2, help="synthetic: experts per token")
+    quant.set_defaults(func=_quant)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m app", description="Auditable LLM training.")
     sub = p.add_subparsers(dest="group", required=True)
     demo = sub.add_parser("demo", help="the main job on the embedded default")
     demo.set_defaults(func=_demo)
     _add_data(sub)
+    _add_quant(sub)
     return p
 
 
