@@ -1,0 +1,117 @@
+"""The OPEN-1B transformer (report tables 2 and 3), written only from kernels/ref ops.
+
+    h = RMSNorm(embed(ids))                                        # embedding norm
+    per layer:  a = RMSNorm(h);  q|k|v = int8_linear(a, Wqkv)       # no biases anywhere
+                q, k = RoPE(RMSNorm_gainfree(q)), RoPE(RMSNorm_gainfree(k))   # per head, before RoPE
+                h = h + int8_linear(attention(q, k, v, window), Wo)  # GQA, sliding window or global
+                h = h + FFN(RMSNorm(h))                              # SwiGLU, fused gate|up (or MoE)
+    loss = CE + z * lse^2 over RMSNorm(h) W_head^T                   # BR contraction, untied head
+
+Functional: parameters come in as a dict of float32 tensors (the bf16 masters widened once per step)
+so the same code serves training, evaluation, calibration and the replay.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from app.config import ModelConfig
+from kernels.ref.attention import attention
+from kernels.ref.embedding import embedding
+from kernels.ref.int8_linear import int8_linear, repin_constant
+from kernels.ref.loss import cross_entropy_zloss
+from kernels.ref.reduce import exact_mean
+from kernels.ref.rmsnorm import rmsnorm
+from kernels.ref.rope import apply_rope, rope_tables
+from kernels.ref.swiglu import swiglu
+
+F32 = torch.float32
+
+
+@dataclass
+class ForwardOut:
+    loss: torch.Tensor  # what backward runs on: ce + z_loss * z (+ MoE balance term)
+    ce: torch.Tensor
+    z: torch.Tensor
+    aux: torch.Tensor  # MoE load-balancing term (0 for dense)
+    load: dict[str, torch.Tensor]  # MoE tokens per expert, per layer (empty for dense)
+
+
+class Calibration:
+    """Sets each linear's missing activation step from its first input: LSQ's 2 mean|x| / sqrt(127)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, torch.Tensor] = {}
+
+    def step_for(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name not in self.steps:
+            # exact mean (int64 fixed point) times float32(2/sqrt(127)): the re-pinned weight-step formula
+            s = exact_mean(x.detach().abs().reshape(-1), dim=0) * repin_constant(x.device)
+            self.steps[name] = torch.where(s > 0, s, torch.ones_like(s))
+        return self.steps[name]
+
+
+def linear(p: dict[str, torch.Tensor], name: str, x: torch.Tensor, calib: Calibration | None = None) -> torch.Tensor:
+    """int8 W8A8 QAT linear `name` (weight `name.weight`, activation step `name.s_x`)."""
+    s_x = calib.step_for(f"{name}.s_x", x) if calib is not None else p[f"{name}.s_x"]
+    return int8_linear(x, p[f"{name}.weight"], s_x)
+
+
+def ffn(p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, calib: Calibration | None = None) -> torch.Tensor:
+    """SwiGLU FFN: one fused gate|up GEMM, silu(gate) * up, the down projection."""
+    return linear(p, f"{prefix}.w_down", swiglu(linear(p, f"{prefix}.w_gate_up", x, calib)), calib)
+
+
+def _heads(x: torch.Tensor, b: int, t: int, n: int, hd: int) -> torch.Tensor:
+    return x.reshape(b, t, n, hd).transpose(1, 2).contiguous()
+
+
+def attention_block(p: dict[str, torch.Tensor], cfg: ModelConfig, i: int, x: torch.Tensor,
+                    rope: tuple[torch.Tensor, torch.Tensor], calib: Calibration | None = None) -> torch.Tensor:
+    """GQA attention of layer i on normalized input x [B, T, D] -> [B, T, D] (before the residual)."""
+    b, t, _ = x.shape
+    hq, hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qkv = linear(p, f"layers.{i}.attn.wqkv", x, calib)
+    # one split node: its backward is a concatenation, not a sum whose order autograd would pick
+    q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
+    q, k, v = _heads(q, b, t, hq, hd), _heads(k, b, t, hkv, hd), _heads(v, b, t, hkv, hd)
+    cos, sin = rope
+    q = apply_rope(rmsnorm(q, None, cfg.norm_eps), cos[:t], sin[:t])  # gain-free QK norm, per head, before RoPE
+    k = apply_rope(rmsnorm(k, None, cfg.norm_eps), cos[:t], sin[:t])
+    o = attention(q, k, v, causal=True, window=cfg.window_of(i), pv_block=cfg.pv_block)
+    o = o.transpose(1, 2).reshape(b, t, hq * hd)
+    return linear(p, f"layers.{i}.attn.wo", o, calib)
+
+
+def forward(p: dict[str, torch.Tensor], cfg: ModelConfig, ids: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+            *, z_loss: float = 1e-4, calib: Calibration | None = None) -> ForwardOut:
+    """Loss of windows `ids` [B, T+1] (inputs ids[:, :-1], targets ids[:, 1:]) under float32 params `p`."""
+    from app.moe import moe_ffn  # local: moe imports this module's helpers
+
+    x_ids, targets = ids[:, :-1], ids[:, 1:]
+    b, t = x_ids.shape
+    h = rmsnorm(embedding(x_ids, p["embed.weight"]), p["embed_norm.weight"], cfg.norm_eps)
+    aux = torch.zeros((), dtype=F32, device=h.device)
+    load: dict[str, torch.Tensor] = {}
+    for i in range(cfg.n_layers):
+        h = h + attention_block(p, cfg, i, rmsnorm(h, p[f"layers.{i}.attn_norm.weight"], cfg.norm_eps), rope, calib)
+        f = rmsnorm(h, p[f"layers.{i}.ffn_norm.weight"], cfg.norm_eps)
+        if cfg.moe is None:
+            h = h + ffn(p, f"layers.{i}.ffn", f, calib)
+        else:
+            y, a, counts = moe_ffn(p, cfg, f"layers.{i}.moe", f, calib)
+            h = h + y
+            aux = aux + a
+            load[f"layers.{i}"] = counts
+    h = rmsnorm(h, p["final_norm.weight"], cfg.norm_eps)
+    loss, ce, z = cross_entropy_zloss(h.reshape(b * t, -1), p["head.weight"], targets.reshape(-1).to(torch.int64),
+                                      z_weight=z_loss, chunk=cfg.loss_chunk)
+    if cfg.moe is not None and cfg.moe.aux_loss_weight:
+        loss = loss + aux * torch.tensor(cfg.moe.aux_loss_weight, dtype=F32, device=h.device)
+    return ForwardOut(loss, ce, z, aux, load)
+
+
+def rope_for(cfg: ModelConfig, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RoPE tables (theta from the config) for the model's sequence length."""
+    return rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, device=device)
