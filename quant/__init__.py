@@ -1,1 +1,6 @@
-"""quant package."""
+"""ARVQ (seed 002): 2-bit additive residual vector quantization of an MoE's cold experts.
+
+format (rvq256_256x8) + fp_formats (FP4/E4M3) + packing (index tiles) + store (on-disk layout);
+capture / synthetic (activations) -> hessian -> codebook (EM) -> ldlq (sweep) -> scales (refit), composed
+by fit; baselines (RTN/GPTQ 2-bit), metrics, saliency (hot/cold split), pipeline (`python -m app quant fit`).
+"""

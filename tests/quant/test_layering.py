@@ -1,0 +1,20 @@
+import ast
+from pathlib import Path
+
+import quant
+
+FORBIDDEN = {"replay", "stream", "pickle"}  # quant may use kernels, collectives and app's model (ARCHITECTURE.md)
+
+
+def test_quant_imports_no_forbidden_package():
+    """Dependencies point one way; and nothing in quant unpickles."""
+    for path in Path(quant.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for n in names:
+                assert n.split(".")[0] not in FORBIDDEN, f"{path.name} imports {n}"
+        assert "torch.load(" not in path.read_text(), f"{path.name} calls torch.load (pickle)"
