@@ -4,8 +4,8 @@
     python3 benchmarks/collectives.py --backend nccl --procs 2         # NCCL, one GPU per process, 16 MB-1 GB
     options: --sizes-mb 16,64,256  --reps N  --warmup N  --chunks 1,8  --no-exact  --out FILE
 
-Variants per buffer: det (recursive-doubling, TreeFold's bits), det/cK (the same, pipelined in K chunks:
-same bits), native (torch.distributed.all_reduce SUM: order unspecified), exact (fixed-point int64 sum on
+Variants per buffer: det (recursive-doubling, TreeFold's bits; CollectiveGroup.all_reduce_, which reuses
+its receive buffers), det/cK (the same, pipelined in K chunks: same bits), native (torch.distributed.all_reduce SUM: order unspecified), exact (fixed-point int64 sum on
 the native all-reduce, collectives/exact.py). Time = median over reps of the slowest rank's time.
 The premium is det / native. Bits: every rank's det result is compared with TreeFold of all ranks' partials
 (rank 0 rebuilds them from their seeds and folds them one at a time), and so is native's (reported, not
@@ -33,7 +33,6 @@ from rich.table import Table
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from collectives import CollectiveGroup, TreeFold, free_port  # noqa: E402
-from collectives.allreduce import all_reduce_ as det_all_reduce_  # noqa: E402
 from collectives.exact import exact_all_reduce_  # noqa: E402
 
 MB = 1 << 20
@@ -84,6 +83,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out_dir: str) -> None:
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     g = CollectiveGroup.init(rank, world, master_addr="127.0.0.1", master_port=port, backend=backend,
                              device=dev, timeout_s=1800)
+    chunked = {k: CollectiveGroup(None, chunks=k, device=dev) for k in cfg["chunks"] if k > 1}
     rows = []
     try:
         for size_mb in cfg["sizes_mb"]:
@@ -98,8 +98,8 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out_dir: str) -> None:
             g.broadcast(ref, src=0)
             buf = torch.empty_like(x)
             row = {"procs": world, "size_mb": size_mb, "ms": {}, "bits_equal_treefold": {}, "ranks_agree": {}}
-            variants = [("det", lambda b: det_all_reduce_(b))]
-            variants += [(f"det/c{k}", lambda b, k=k: det_all_reduce_(b, chunks=k)) for k in cfg["chunks"] if k > 1]
+            variants = [("det", g.all_reduce_)]
+            variants += [(f"det/c{k}", chunked[k].all_reduce_) for k in cfg["chunks"] if k > 1]
             variants.append(("native", lambda b: dist.all_reduce(b, op=dist.ReduceOp.SUM)))
             if cfg["exact"]:
                 variants.append(("exact", lambda b: exact_all_reduce_(b)))

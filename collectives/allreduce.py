@@ -36,24 +36,25 @@ def simulate_allreduce(partials: list[torch.Tensor]) -> list[torch.Tensor]:
     return acc
 
 
-def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, chunks: int = 1) -> torch.Tensor:
+def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, chunks: int = 1,
+                scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Deterministic in-place sum of `tensor` over `group`; every rank gets TreeFold's bits. Returns tensor.
 
     chunks > 1 pipelines each round: all chunk exchanges are posted, and chunk c is added as soon as it
     has arrived, overlapping the adds with the transfers. Elementwise adds per chunk: the same bits.
+    scratch: receive buffers kept by the caller between calls (grown here as needed); fresh ones otherwise.
     """
     if not tensor.is_contiguous():
         raise ValueError("all_reduce_ needs a contiguous tensor (it sends and folds its storage in place)")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     flat = tensor.view(-1)
     bounds = _chunk_bounds(flat.numel(), chunks)
-    bufs: list[torch.Tensor] = []
+    pool = scratch if scratch is not None else []
     for row in schedule(world):
         step = row[rank]
         if step.idle:
             continue
-        while len(bufs) < len(step.recvs):
-            bufs.append(torch.empty_like(flat))
+        bufs = _buffers(pool, len(step.recvs), flat)
         works = []
         for a, b in bounds:
             works.append(post([(flat[a:b], p) for p in step.sends],
@@ -63,6 +64,18 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, ch
                 w.wait()
             fold_into(flat[a:b], rank, step.fold, {p: buf[a:b] for p, buf in zip(step.recvs, bufs)})
     return tensor
+
+
+def _buffers(pool: list[torch.Tensor], k: int, like: torch.Tensor) -> list[torch.Tensor]:
+    """k receive buffers shaped like `like`: views into pool entries, reallocated when too small."""
+    n = like.numel()
+    while len(pool) < k:
+        pool.append(torch.empty(n, dtype=like.dtype, device=like.device))
+    for i in range(k):
+        b = pool[i]
+        if b.numel() < n or b.dtype != like.dtype or b.device != like.device:
+            pool[i] = torch.empty(n, dtype=like.dtype, device=like.device)
+    return [pool[i][:n] for i in range(k)]
 
 
 def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:

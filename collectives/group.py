@@ -28,7 +28,11 @@ def free_port() -> int:
 
 
 class CollectiveGroup:
-    """Deterministic collectives over a process group (the default one unless `group` is given)."""
+    """Deterministic collectives over a process group (the default one unless `group` is given).
+
+    Wrapping a group made elsewhere (e.g. by Ray Train): call `warm_up()` once on every rank before the
+    first collective, and prefer groups initialized with device_id on NCCL (BR_FACTS.md).
+    """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, native: bool = False, chunks: int = 1,
                  device: torch.device | None = None, _owns_default: bool = False) -> None:
@@ -37,6 +41,7 @@ class CollectiveGroup:
         self.group = group
         self.native = native
         self.chunks = chunks  # pipelining of the deterministic all-reduce; never changes its bits
+        self._scratch: list[torch.Tensor] = []  # receive buffers reused across calls (first touch is slow)
         self.backend = str(dist.get_backend(group))
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -75,7 +80,7 @@ class CollectiveGroup:
             kw["device_id"] = dev  # eager NCCL init; point-to-point needs it (BR_FACTS.md)
         dist.init_process_group(**kw)
         g = cls(None, native=native, chunks=chunks, device=dev, _owns_default=True)
-        g._warm_up()
+        g.warm_up()
         return g
 
     @property
@@ -94,7 +99,7 @@ class CollectiveGroup:
         if self.native:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
             return tensor
-        return _det_all_reduce_(tensor, self.group, self.chunks)
+        return _det_all_reduce_(tensor, self.group, self.chunks, self._scratch)
 
     def average_(self, tensor: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """tensor *= 1/n (default n = world) as a reciprocal multiply."""
@@ -125,14 +130,20 @@ class CollectiveGroup:
         else:
             dist.barrier(group=self.group)
 
+    def release_scratch(self) -> None:
+        """Drop the cached receive buffers."""
+        self._scratch = []
+
     def destroy(self) -> None:
         """Tear down the process group if this object created it."""
+        self._scratch = []
         if self._owns_default and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_default = False
 
-    def _warm_up(self) -> None:
-        # NCCL wants the first batched point-to-point of a group to involve every rank: a ring of one element.
+    def warm_up(self) -> None:
+        """A one-element ring exchange on every rank (collective: all ranks call it)."""
+        # NCCL wants the first batched point-to-point of a group to involve every rank
         if self.world == 1:
             return
         x = torch.zeros(1, device=self.device)
