@@ -5,11 +5,13 @@
     options: --sizes-mb 16,64,256  --reps N  --warmup N  --chunks 1,8  --no-exact  --out FILE
 
 Variants per buffer: det (recursive-doubling, TreeFold's bits; CollectiveGroup.all_reduce_, which reuses
-its receive buffers), det/cK (the same, pipelined in K chunks: same bits), native (torch.distributed.all_reduce SUM: order unspecified), exact (fixed-point int64 sum on
-the native all-reduce, collectives/exact.py). Time = median over reps of the slowest rank's time.
-The premium is det / native. Bits: every rank's det result is compared with TreeFold of all ranks' partials
-(rank 0 rebuilds them from their seeds and folds them one at a time), and so is native's (reported, not
-required); exact is checked for identical bits on every rank. Processes: torch.multiprocessing spawn.
+its receive buffers), det/cK (the same, pipelined in K chunks: same bits), native
+(torch.distributed.all_reduce SUM: order unspecified), exact (fixed-point int64 sum on the native
+all-reduce, collectives/exact.py). Time = median over reps of the slowest rank's time. The premium is
+det / native. Bits: every rank's det result is compared with TreeFold of all ranks' partials (rank 0
+rebuilds them from their seeds by integer hashing and folds them one at a time), and so is native's
+(reported, not required); exact is checked for identical bits on every rank.
+Processes: torch.multiprocessing spawn, one per rank (NCCL: one GPU each, init with device_id).
 """
 from __future__ import annotations
 
@@ -39,8 +41,21 @@ MB = 1 << 20
 
 
 def _partial(rank: int, n: int, seed: int, dev: torch.device) -> torch.Tensor:
-    g = torch.Generator(device=dev).manual_seed(seed * 1000 + rank)
-    return torch.randn(n, generator=g, device=dev)
+    """Rank `rank`'s buffer: a 2^20-element block hashed from (seed, rank, index) into floats with exact
+    integer ops, tiled to n. Any device rebuilds every rank's partial bit for bit (torch's RNG would tie
+    the values to the device model)."""
+    m = min(n, 1 << 20)
+    h = torch.arange(m, dtype=torch.int64, device=dev)
+    h = (h * 0x9E3779B1 + (seed * 1000 + rank + 1) * 0x85EBCA77) & 0xFFFFFFFF
+    for mul, shift in ((0x2C1B3C6D, 15), (0x297A2D39, 12), (0x7FEB352D, 15)):
+        h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
+    mant = ((h >> 8) - (1 << 23)).to(torch.float32)  # |mant| < 2^23: exact
+    exp = (h & 15).to(torch.int32) + (127 - 31)  # 2^-31 .. 2^-16: values ~2^-8 .. 2^7
+    block = mant * (exp << 23).view(torch.float32)
+    out = torch.empty(n, dtype=torch.float32, device=dev)
+    for a in range(0, n, m):
+        out[a:a + m] = block[: min(m, n - a)]
+    return out
 
 
 def _sync(dev: torch.device) -> None:
@@ -189,7 +204,7 @@ def main() -> None:
         t.add_column(h)
     for ln in lines[2:]:
         t.add_row(*ln.strip("| ").split(" | "))
-    Console().print(t)
+    Console(width=200).print(t)
     doc = {"command": "python3 " + " ".join(sys.argv), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="minutes"), "machine": machine(a.backend), "config": cfg, "results": rows, "table": lines}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

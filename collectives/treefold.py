@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 
 def canonical_tree(r: int, lo: int = 0) -> str:
@@ -99,7 +98,10 @@ class TreeFold:
         self.max_resident = max(self.max_resident, self.resident + extra)
 
     def push(self, partial: torch.Tensor) -> None:
-        """Fold in the partial of the next replica (replicas must arrive in order 0, 1, 2, ...)."""
+        """Fold in the partial of the next replica (replicas in order 0, 1, 2, ...).
+
+        The fold may keep a reference to `partial` (never writing to it): do not modify it after pushing.
+        """
         if self._closed:
             raise RuntimeError("TreeFold already finished: its result() was taken")
         self._stack.append(_Entry(0, self._pushed, partial))
@@ -110,6 +112,7 @@ class TreeFold:
             lo = self._stack.pop()
             self._load(lo)
             self._note(extra=2)
+            # bit-relevant: the lower replicas' block on the left, one elementwise add
             self._stack.append(_Entry(lo.level + 1, lo.first, _add(lo, hi.tensor), owned=True))
         if self.spill:
             self._spill_dormant()
@@ -148,6 +151,8 @@ class TreeFold:
 
     # Spilling: an entry is dormant unless it is the top at level 0 (the only one the next push adds to).
     def _spill_dormant(self) -> None:
+        from safetensors.torch import save_file  # imported only when spilling: GPU boxes may lack it
+
         for i, e in enumerate(self._stack):
             live = i == len(self._stack) - 1 and e.level == 0
             if e.tensor is not None and not live:
@@ -160,6 +165,8 @@ class TreeFold:
 
     def _load(self, e: _Entry) -> torch.Tensor:
         if e.tensor is None:
+            from safetensors.torch import load_file
+
             assert e.path is not None and e.device is not None
             e.tensor, e.owned = load_file(str(e.path))["p"].to(e.device), True
             e.path.unlink()
