@@ -59,14 +59,18 @@ def _block_tree(start: int, size: int) -> str:
     return f"({_block_tree(start, half)}+{_block_tree(start + half, half)})"
 
 
+Partial = torch.Tensor | dict[str, torch.Tensor]  # one tensor, or named tensors (e.g. a model's gradients)
+_SOLE = "__tensor__"  # the key a plain tensor is spilled under
+
+
 @dataclass
 class _Entry:
     level: int
     first: int  # lowest replica folded into this entry
-    tensor: torch.Tensor | None  # None while spilled
-    owned: bool = False  # False: the caller's pushed tensor, never modified in place
+    tensor: Partial | None  # None while spilled
+    owned: bool = False  # False: the caller's pushed partial, never modified in place
     path: Path | None = None
-    device: torch.device | None = None
+    device: dict[str, torch.device] | None = None
 
 
 class TreeFold:
@@ -97,7 +101,7 @@ class TreeFold:
     def _note(self, extra: int = 0) -> None:
         self.max_resident = max(self.max_resident, self.resident + extra)
 
-    def push(self, partial: torch.Tensor) -> None:
+    def push(self, partial: Partial) -> None:
         """Fold in the partial of the next replica (replicas in order 0, 1, 2, ...).
 
         The fold may keep a reference to `partial` (never writing to it): do not modify it after pushing.
@@ -117,7 +121,7 @@ class TreeFold:
         if self.spill:
             self._spill_dormant()
 
-    def result(self) -> torch.Tensor:
+    def result(self) -> Partial:
         """The canonical fold of everything pushed: the stack folded bottom (largest block) to top."""
         if not self._stack:
             raise ValueError("TreeFold.result() with nothing pushed")
@@ -131,7 +135,7 @@ class TreeFold:
                 first.tensor, first.owned = _add(first, e.tensor), True
                 e.tensor = None
             assert first.tensor is not None
-            return first.tensor if first.owned else first.tensor.clone()
+            return first.tensor if first.owned else _apply(lambda t: t.clone(), first.tensor)
         finally:
             self.close()
 
@@ -159,28 +163,39 @@ class TreeFold:
                 assert self._tmp is not None
                 e.path = self._tmp / f"p{self._files}.safetensors"
                 self._files += 1
-                e.device = e.tensor.device
-                save_file({"p": e.tensor.detach().contiguous().cpu()}, str(e.path))
+                named = e.tensor if isinstance(e.tensor, dict) else {_SOLE: e.tensor}
+                e.device = {k: t.device for k, t in named.items()}
+                save_file({k: t.detach().contiguous().cpu() for k, t in named.items()}, str(e.path))
                 e.tensor = None
 
-    def _load(self, e: _Entry) -> torch.Tensor:
+    def _load(self, e: _Entry) -> Partial:
         if e.tensor is None:
             from safetensors.torch import load_file
 
             assert e.path is not None and e.device is not None
-            e.tensor, e.owned = load_file(str(e.path))["p"].to(e.device), True
+            named = {k: t.to(e.device[k]) for k, t in load_file(str(e.path)).items()}
+            e.tensor, e.owned = (named[_SOLE] if set(named) == {_SOLE} else named), True
             e.path.unlink()
             e.path = None
         return e.tensor
 
 
-def _add(lo: _Entry, hi: torch.Tensor) -> torch.Tensor:
-    """lo + hi, in place into lo's tensor when the fold owns it (same bits as out of place)."""
-    assert lo.tensor is not None
-    return lo.tensor.add_(hi) if lo.owned else lo.tensor + hi
+def _apply(f, p: Partial) -> Partial:
+    return {k: f(t) for k, t in p.items()} if isinstance(p, dict) else f(p)
 
 
-def treefold(partials: list[torch.Tensor], spill: bool = False) -> torch.Tensor:
+def _add(lo: _Entry, hi: Partial) -> Partial:
+    """lo + hi (per name for dicts), in place into lo's tensors when the fold owns them (same bits)."""
+    a = lo.tensor
+    assert a is not None
+    if isinstance(a, dict) != isinstance(hi, dict) or (isinstance(a, dict) and a.keys() != hi.keys()):
+        raise ValueError("TreeFold partials must all be tensors, or dicts with the same names")
+    if isinstance(a, dict):
+        return {k: a[k].add_(hi[k]) if lo.owned else a[k] + hi[k] for k in a}
+    return a.add_(hi) if lo.owned else a + hi
+
+
+def treefold(partials: list[Partial], spill: bool = False) -> Partial:
     """The canonical fold of `partials` (replica order)."""
     tf = TreeFold(spill=spill)
     for p in partials:

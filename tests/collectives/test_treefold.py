@@ -85,3 +85,17 @@ def test_misuse_raises(h):
     tf.result()
     with pytest.raises(RuntimeError):
         tf.push(torch.ones(2))
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_named_partials_fold_per_name(spill, h, tmp_path):
+    """A dict of named tensors (a model's gradients) folds each name as its own TreeFold."""
+    world = 7
+    a, b = h.partials(world, 50, seed=1), h.partials(world, 33, seed=2)
+    tf = TreeFold(spill=spill, spill_dir=tmp_path)
+    for x, y in zip(a, b):
+        tf.push({"w": x, "b": y.reshape(3, 11)})
+    out = tf.result()
+    assert h.same_bits(out["w"], treefold(a)) and h.same_bits(out["b"], treefold(b).reshape(3, 11))
+    with pytest.raises(ValueError):
+        treefold([{"w": a[0]}, {"v": a[1]}])
