@@ -1,0 +1,185 @@
+"""The canonical gradient reduction of one step: microbatches -> ranks -> shards -> replicas.
+
+One function, `reduce_gradients`, that collectives/ will own; partials arrive in mesh order (replica-major,
+shard-minor, then the rank's microbatches in order). Two definitions, picked by `train.reduction`:
+
+"ordered" (the report's Algorithm 1 and appendix A): per rank, float32 adds of its microbatch gradients in
+    order, times 1/accum; shards added in ascending order into `inner`, times 1/dp_shard; replicas folded
+    by TreeFold (the pairing of a recursive-doubling all-reduce), times 1/dp_replicate. Bits depend on the
+    topology; a replay reproduces them by running the same virtual topology.
+
+"exact" (beyond the paper): every partial is rounded once, element by element, to a fixed absolute grid
+    of 2^-96 and added as integers in three int64 limbs of 40-bit digits (`ExactSum`). Integer addition is
+    associative, so the sum is the same for every grouping: per rank, across shards, across replicas, in
+    any order, atomics included. The result is converted once (float64, times 1/n, one float32 rounding).
+    With a topology-independent microbatch partition (micro_batch = 1: a microbatch is one window), a
+    step's bits are then independent of the world size itself. Range: |g| < 2^24 per element and up to
+    2^22 partials; larger or non-finite elements propagate as inf/NaN (order-free), and values below
+    2^-97 round to the grid (far below AdamW's eps, so they cannot move an update).
+Averages are multiplications by reciprocals (appendix A.3), never divisions.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from app.config import REDUCTIONS, Topology
+from app.errors import ConfigError
+from kernels.ref.fixed import pow2
+
+F32, F64 = torch.float32, torch.float64
+GRID = 96  # fixed-point grid 2^-GRID
+DIGIT = 40  # bits per limb digit; 3 limbs span 120 bits, |g| * 2^GRID < 2^120
+LIMIT = float(1 << (3 * DIGIT - GRID))  # 2^24: larger magnitudes are flagged, not wrapped
+MAX_PARTIALS = 1 << 22  # 2^40 * 2^22 = 2^62: no limb overflows before normalization
+
+
+@dataclass(frozen=True)
+class Coord:
+    """Where a microbatch ran: replica, shard, and its index in that rank's accumulation."""
+
+    replica: int
+    shard: int
+    micro: int
+
+
+def _p2(e: int, device) -> torch.Tensor:
+    return pow2(torch.tensor(e, device=device))
+
+
+class ExactSum:
+    """Order-free exact sum of float32 tensors of one shape (see module doc): add in any order, same bits."""
+
+    def __init__(self, shape: tuple[int, ...], device) -> None:
+        self.limbs = torch.zeros((3, *shape), dtype=torch.int64, device=device)
+        self.bad = torch.zeros(shape, dtype=F64, device=device)  # order-free sum of inf/NaN stand-ins
+        self.count = 0
+        self._up, self._d80, self._d40 = _p2(GRID, device), _p2(-2 * DIGIT, device), _p2(-DIGIT, device)
+        self._m80, self._m40 = _p2(2 * DIGIT, device), _p2(DIGIT, device)
+
+    def add(self, g: torch.Tensor) -> None:
+        """Round g to the grid (half to even, once per element) and add its signed digits to the limbs."""
+        if self.count >= MAX_PARTIALS:
+            raise ConfigError(f"reduction: more than {MAX_PARTIALS} partials for one exact sum")
+        x = g.to(F64)
+        if x.numel() and not bool(torch.amax(x.abs()) < LIMIT):  # NaN fails the test too
+            ok = torch.isfinite(x) & (x.abs() < LIMIT)
+            # out-of-range elements become inf with their sign (NaN stays NaN): sums of those are order-free
+            self.bad = self.bad + torch.where(ok, torch.zeros_like(x), x * float("inf"))
+            x = torch.where(ok, x, torch.zeros_like(x))
+        r = torch.round(x * self._up)            # the one rounding; r has <= 25 significant bits, |r| < 2^120
+        d2 = torch.trunc(r * self._d80)          # digits by truncation keep r's sign, and every op is exact:
+        r = r - d2 * self._m80                   # each remainder is the low bits of a short integer
+        d1 = torch.trunc(r * self._d40)
+        d0 = r - d1 * self._m40
+        self.limbs[0] += d0.to(torch.int64)
+        self.limbs[1] += d1.to(torch.int64)
+        self.limbs[2] += d2.to(torch.int64)
+        self.count += 1
+
+    def merge(self, other: "ExactSum") -> None:
+        """Add another accumulator's integers (what an int64 all-reduce of the limbs does)."""
+        self.limbs += other.limbs
+        self.bad = self.bad + other.bad
+        self.count += other.count
+
+    def result(self, scale: float = 1.0) -> torch.Tensor:
+        """The sum times the host double `scale` (e.g. 1/n), rounded once to float32."""
+        l0, l1, l2 = self.limbs[0], self.limbs[1], self.limbs[2]
+        # carry-normalize to the unique form 0 <= l0, l1 < 2^40 (arithmetic shifts are floors)
+        c = l0 >> DIGIT
+        l0 = l0 - (c << DIGIT)
+        l1 = l1 + c
+        c = l1 >> DIGIT
+        l1 = l1 - (c << DIGIT)
+        l2 = l2 + c
+        # a fixed chain of float64 operations on the unique integers: the same bits on every device
+        v = (l2.to(F64) * self._m80 + l1.to(F64) * self._m40) + l0.to(F64)
+        v = (v * _p2(-GRID, v.device)) * scale
+        return torch.where(torch.isfinite(self.bad), v, self.bad).to(F32)
+
+
+class TreeFold:
+    """Binary-carry fold of per-replica partials: the pairing of a recursive-doubling all-reduce (appendix A.1).
+
+    collectives/treefold.py will own this (with spilling of dormant entries); kept here until it exists.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[int, dict[str, torch.Tensor]]] = []
+
+    def push(self, partial: dict[str, torch.Tensor]) -> None:
+        level, acc = 0, partial
+        while self.stack and self.stack[-1][0] == level:
+            _, left = self.stack.pop()
+            acc = {k: left[k] + acc[k] for k in left}  # the lower replica block on the left
+            level += 1
+        self.stack.append((level, acc))
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """Residual blocks (one per set bit of the count) combined largest (lowest replicas) first."""
+        if not self.stack:
+            raise ConfigError("reduction: TreeFold got no partials")
+        acc = self.stack[0][1]
+        for _, blk in self.stack[1:]:
+            acc = {k: acc[k] + blk[k] for k in acc}
+        return acc
+
+
+def _scale(g: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    if n == 1:
+        return g
+    inv = torch.tensor(1.0 / n, dtype=F32)  # reciprocal multiply: CUDA's scalar division differs from the CPU's
+    return {k: v * inv.to(v.device) for k, v in g.items()}
+
+
+def mesh_order(topo: Topology, accum: int) -> list[Coord]:
+    """Every microbatch of a step in mesh order: replica-major, shard-minor, then accumulation."""
+    return [Coord(r, s, a) for r in range(topo.dp_replicate) for s in range(topo.dp_shard) for a in range(accum)]
+
+
+def _checked(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topo: Topology,
+             accum: int) -> Iterator[tuple[Coord, dict[str, torch.Tensor]]]:
+    want = mesh_order(topo, accum)
+    i = 0
+    for c, g in partials:
+        if i >= len(want) or c != want[i]:
+            raise ConfigError(f"reduction: partial {i} is {c}, expected {want[i] if i < len(want) else 'none'} "
+                              f"(mesh order of {topo.label()} x accum {accum})")
+        i += 1
+        yield c, g
+    if i != len(want):
+        raise ConfigError(f"reduction: got {i} partials, the mesh {topo.label()} x accum {accum} has {len(want)}")
+
+
+def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topology: Topology, accum: int,
+                     mode: str = "exact") -> dict[str, torch.Tensor]:
+    """The mean gradient over all microbatches of a step, reduced by `mode` (module doc); float32 tensors.
+
+    `partials` may be a generator: at most one partial (plus the accumulators) is resident at a time.
+    """
+    if mode not in REDUCTIONS:
+        raise ConfigError(f"train.reduction: expected one of {REDUCTIONS}, got {mode!r}")
+    it = _checked(partials, topology, accum)
+    if mode == "exact":
+        sums: dict[str, ExactSum] = {}
+        for _, g in it:
+            for k, v in g.items():
+                if k not in sums:
+                    sums[k] = ExactSum(tuple(v.shape), v.device)
+                sums[k].add(v)
+        n = topology.world * accum
+        return {k: s.result(1.0 / n) for k, s in sums.items()}
+    fold = TreeFold()
+    inner = rank = None
+    for c, g in it:
+        g = {k: v.to(F32) for k, v in g.items()}
+        rank = g if c.micro == 0 else {k: rank[k] + g[k] for k in rank}
+        if c.micro == accum - 1:
+            rank = _scale(rank, accum)
+            inner = rank if c.shard == 0 else {k: inner[k] + rank[k] for k in inner}
+            if c.shard == topology.dp_shard - 1:
+                fold.push(_scale(inner, topology.dp_shard))
+    return _scale(fold.result(), topology.dp_replicate)

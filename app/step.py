@@ -1,0 +1,183 @@
+"""The one training step, used by the trainer and (later) by the replay: a step on a virtual topology.
+
+For each microbatch in mesh order (replica-major, shard-minor, then accumulation), forward and backward
+with kernels ops on the float32 widening of the masters; the partial gradients stream into the canonical
+reduction (app/reduction.py); then the pre-clip norm, the clip, the spike protocol and AdamW. Rank
+r = replica * dp_shard + shard owns window m iff m mod world == r (stream.windows_for); its windows are
+cut into `accum` microbatches of `micro_batch` consecutive owned windows. One process thus computes the
+bits a cluster of that shape computes.
+
+Stage digests (the hash log's `digests`, what a replay uses to say which stage diverged): `forward`, the
+microbatches' float32 (loss, ce, z) rows sorted by their windows; `backward`, blake3 over
+"windows:digest_many(partial gradients);" sorted by windows; `reduced` and `clipped`, digest_many of the
+reduced and post-clip gradients; `optimizer`, digest_many of the updated parameters and both moments.
+Keyed by windows, not mesh position, they name the same work under any topology.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import blake3
+import torch
+
+import stream
+from app.config import RunConfig, Topology
+from app.errors import ConfigError
+from app.model import forward, rope_for
+from app.optim import SpikeState, adamw_update, clip, spike_decision
+from app.params import ParamSpec, spec_map
+from app.reduction import Coord, mesh_order, reduce_gradients
+from kernels.digest import digest_many, tensor_digest
+from kernels.ref.reduce import exact_mean
+
+F32 = torch.float32
+
+
+@dataclass
+class TrainState:
+    """Everything a step changes: masters, moments, last post-clip grads, Adam and spike counters, cursors."""
+
+    params: dict[str, torch.Tensor]
+    m: dict[str, torch.Tensor]
+    v: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor]
+    adam_step: int = 0  # applied optimizer updates (AdamW's bias-correction t)
+    spike: SpikeState = field(default_factory=SpikeState)
+    step: int = 0  # the next step to run
+    tokens: int = 0  # training tokens consumed
+
+    @classmethod
+    def fresh(cls, params: dict[str, torch.Tensor]) -> "TrainState":
+        zeros = {k: torch.zeros(v.shape, dtype=F32, device=v.device) for k, v in params.items()}
+        return cls(params, {k: t.clone() for k, t in zeros.items()}, {k: t.clone() for k, t in zeros.items()},
+                   {k: t.clone() for k, t in zeros.items()})
+
+
+@dataclass
+class StepResult:
+    step: int
+    windows: tuple[int, int]
+    topology: str
+    accum: int
+    loss: float
+    ce: float
+    z: float
+    grad_norm: float
+    clip_coef: float
+    lr: float
+    applied: bool
+    triggered: bool
+    digests: dict[str, str]
+    digest_seconds: float
+    expert_load: dict[str, list[int]]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every step of a run shares: config, parameter specs, schedules, RoPE tables, device."""
+
+    cfg: RunConfig
+    specs: dict[str, ParamSpec]
+    batch: stream.BatchSchedule
+    lr: stream.LRSchedule
+    rope: tuple[torch.Tensor, torch.Tensor]
+    device: torch.device
+
+    @classmethod
+    def build(cls, cfg: RunConfig, device: torch.device | str = "cpu") -> "StepContext":
+        batch, lr = schedules(cfg)
+        dev = torch.device(device)
+        return cls(cfg, spec_map(cfg.model), batch, lr, rope_for(cfg.model, dev), dev)
+
+
+def schedules(cfg: RunConfig) -> tuple[stream.BatchSchedule, stream.LRSchedule]:
+    """The run's batch ramp and token-anchored LR schedule (stream.schedule)."""
+    t = cfg.train
+    batch = stream.BatchSchedule(cfg.model.seq_len, tuple(stream.BatchPhase(u, w) for u, w in t.batch_phases))
+    lr = stream.LRSchedule(t.lr_peak, t.lr_warmup_tokens, t.lr_budget_tokens, t.lr_final_fraction)
+    return batch, lr
+
+
+def microbatch_plan(step: int, topology: Topology, micro_batch: int,
+                    batch: stream.BatchSchedule) -> tuple[int, list[tuple[Coord, list[int]]]]:
+    """(accum, [(coord, window indices)] in mesh order) for `step` on `topology`."""
+    lo, hi = batch.window_range(step)
+    per_rank = (hi - lo) // topology.world
+    if (hi - lo) % topology.world or per_rank % micro_batch or per_rank == 0:
+        raise ConfigError(f"topology: step {step} has {hi - lo} windows, not a multiple of world {topology.world} "
+                          f"x micro_batch {micro_batch}")
+    accum = per_rank // micro_batch
+    plan = []
+    for c in mesh_order(topology, accum):
+        rank = c.replica * topology.dp_shard + c.shard
+        owned = list(stream.windows_for(step, rank, topology.world, batch))
+        plan.append((c, owned[c.micro * micro_batch:(c.micro + 1) * micro_batch]))
+    return accum, plan
+
+
+def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, plan, ctx: StepContext,
+              losses: list, partial_digests: list | None, load: dict, hash_time: list[float]):
+    """Generator of (coord, grads) in mesh order; records per-microbatch (windows, loss, ce, z), the partial
+    gradients' digests and the expert loads."""
+    names = list(params32)
+    leaves = [params32[k] for k in names]
+    for coord, wins in plan:
+        rows = torch.tensor([w - lo for w in wins], dtype=torch.int64, device=tokens.device)
+        out = forward(params32, ctx.cfg.model, tokens.index_select(0, rows), ctx.rope, z_loss=ctx.cfg.train.z_loss)
+        grads = torch.autograd.grad(out.loss, leaves, allow_unused=True)
+        g = {k: (gi if gi is not None else torch.zeros_like(p)) for k, gi, p in zip(names, grads, leaves)}
+        losses.append((wins, torch.stack([out.loss.detach(), out.ce.detach(), out.z.detach()])))
+        for layer, counts in out.load.items():
+            load[layer] = load[layer] + counts if layer in load else counts
+        if partial_digests is not None:
+            t0 = time.perf_counter()
+            partial_digests.append((wins, digest_many(g)))
+            hash_time[0] += time.perf_counter() - t0
+        yield coord, g
+
+
+def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: StepContext) -> StepResult:
+    """Run step `state.step` on its windows `tokens` [windows, seq_len + 1] (int64, in window order); in place."""
+    t = ctx.cfg.train
+    step = state.step
+    lo, hi = ctx.batch.window_range(step)
+    if tokens.shape != (hi - lo, ctx.cfg.model.seq_len + 1):
+        raise ConfigError(f"step {step}: tokens must be [{hi - lo}, {ctx.cfg.model.seq_len + 1}], got {tuple(tokens.shape)}")
+    if t.heldout_windows and hi > t.heldout_window:
+        raise ConfigError(f"step {step} would train on windows [{lo}, {hi}) past train.heldout_window="
+                          f"{t.heldout_window}: the held-out slice; raise heldout_window or stop earlier")
+    accum, plan = microbatch_plan(step, topology, t.micro_batch, ctx.batch)
+    params32 = {k: v.to(F32).requires_grad_(True) for k, v in state.params.items()}  # widened once per step
+    losses: list = []
+    load: dict[str, torch.Tensor] = {}
+    partial_digests = [] if t.stage_digests else None
+    hash_time = [0.0]
+    reduced = reduce_gradients(_partials(params32, tokens, lo, plan, ctx, losses, partial_digests, load, hash_time),
+                               topology, accum, t.reduction)
+    # microbatches keyed by their windows: the stage digests name the same work under any mesh order
+    losses.sort(key=lambda wl: wl[0])
+    per_mb = torch.stack([x for _, x in losses])  # [microbatches, (loss, ce, z)] in window order
+    means = exact_mean(per_mb, dim=0)
+    norm, coef, clipped = clip(reduced, t.clip_norm)
+    lr = ctx.lr.at_step(step, ctx.batch)
+    applied, triggered = spike_decision(float(norm), state.spike, t)
+    if applied:
+        state.adam_step += 1
+        adamw_update(state.params, clipped, state.m, state.v, ctx.specs, state.adam_step, lr, t)
+    state.grads = clipped
+    state.step += 1
+    state.tokens += (hi - lo) * ctx.cfg.model.seq_len
+    digests = {}
+    t0 = time.perf_counter()
+    if t.stage_digests:
+        backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(partial_digests)).encode()).hexdigest()
+        digests = {"forward": tensor_digest(per_mb), "backward": backward, "reduced": digest_many(reduced),
+                   "clipped": digest_many(clipped), "optimizer": digest_many(
+                       {**{f"param/{k}": v for k, v in state.params.items()},
+                        **{f"m/{k}": v for k, v in state.m.items()}, **{f"v/{k}": v for k, v in state.v.items()}})}
+    return StepResult(step, (lo, hi), topology.label(), accum, float(means[0]), float(means[1]), float(means[2]),
+                      float(norm), float(coef), lr, applied, triggered, digests,
+                      time.perf_counter() - t0 + hash_time[0],
+                      {k: [int(c) for c in v.tolist()] for k, v in load.items()})
+
