@@ -5,8 +5,40 @@ import argparse
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from kernels.selfcheck import main as selfcheck
-    return selfcheck()
+    from app.demo import main as demo
+    return demo(args.steps, args.out)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from app.train import main as train
+    return train(args.config, args.steps, args.out, args.resume, args.checkpoint_every, args.eval_every,
+                 args.topology, args.micro_batch, args.corpus, args.device, not args.no_progress, args.threads)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from app.report import main as report
+    return report(args.run, args.steady_after)
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    t = sub.add_parser("train", help="train a model; every step hashed into the run's chain")
+    t.add_argument("--config", default="tiny", help="preset: tiny, small, small-parity, tiny-moe, open-1b")
+    t.add_argument("--steps", type=int, required=True, help="train until this many steps are done")
+    t.add_argument("--out", required=True, help="run directory (never overwritten; see --resume)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    t.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    t.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations (default 50)")
+    t.add_argument("--topology", default="1x1", help="virtual data-parallel mesh dp_replicate x dp_shard, e.g. 2x2")
+    t.add_argument("--micro-batch", type=int, default=None, help="sequences per microbatch (default: the config's)")
+    t.add_argument("--corpus", default=None, help="corpus directory (default: the config's)")
+    t.add_argument("--device", default="cpu", help="cpu or cuda")
+    t.add_argument("--no-progress", action="store_true", help="no live progress display")
+    t.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")
+    t.set_defaults(func=_train)
+    r = sub.add_parser("report", help="plots and gradient-norm statistics of a run")
+    r.add_argument("--run", required=True, help="run directory")
+    r.add_argument("--steady-after", type=int, default=None, help="steady state starts after this step")
+    r.set_defaults(func=_report)
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -80,10 +112,13 @@ def _add_quant(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m app", description="Auditable LLM training.")
     sub = p.add_subparsers(dest="group", required=True)
-    demo = sub.add_parser("demo", help="the main job on the embedded default")
+    demo = sub.add_parser("demo", help="train the tiny model on the embedded corpus (built if missing)")
+    demo.add_argument("--steps", type=int, default=200)
+    demo.add_argument("--out", default=None, help="run directory (default: the first free runs/demo-N)")
     demo.set_defaults(func=_demo)
     _add_data(sub)
     _add_quant(sub)
+    _add_train(sub)
     return p
 
 

@@ -1,0 +1,234 @@
+"""The single-process trainer: run directory, stream, steps, hash chain, held-out eval, checkpoints, plots.
+
+A run directory holds config.json, hashlog.jsonl (one record per step, the init record first: step -1),
+metrics.jsonl (timings, held-out CE, weight norms, events), checkpoints/ and loss.png. It is never
+overwritten: a new run needs a fresh directory, `resume` continues an existing one from its latest
+checkpoint. Steps logged after that checkpoint (a run that went on, or crashed, past it) are recomputed
+and each checked against its recorded chain hash (DivergenceError on the first difference); the log as
+it was is kept aside as hashlog.before-resume-<n>.jsonl.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import stream
+from app import checkpoint as ckpt
+from app.config import RunConfig, Topology, from_dict
+from app.errors import ConfigError, DivergenceError, IntegrityError, RunDirError
+from app.evaluate import heldout_ce, heldout_tokens, weight_norms
+from app.hashlog import JsonlLog, read_jsonl, rewrite_jsonl
+from app.init import init_params
+from app.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
+from app.step import StepContext, StepResult, TrainState, run_step
+from kernels.digest import digest_many
+
+HASHLOG, METRICS, CONFIG = "hashlog.jsonl", "metrics.jsonl", "config.json"
+
+
+@dataclass
+class TrainOptions:
+    steps: int
+    checkpoint_every: int = 100
+    eval_every: int = 50
+    topology: Topology = Topology()
+    device: str = "cpu"
+    progress: bool = True
+
+
+def _record(r: StepResult, tokens: int, state_digest: bytes, chain_digest: bytes) -> dict:
+    """The hash-log record of a step: only values that are functions of config, corpus and code."""
+    return {"step": r.step, "tokens": tokens, "windows": list(r.windows), "topology": r.topology, "accum": r.accum,
+            "loss": r.loss, "ce": r.ce, "z": r.z, "grad_norm": r.grad_norm, "clip_coef": r.clip_coef, "lr": r.lr,
+            "skipped": not r.applied, "spike_trigger": r.triggered, "state_hash": state_digest.hex(),
+            "chain_hash": chain_digest.hex(), "digests": r.digests, **({"expert_load": r.expert_load}
+                                                                     if r.expert_load else {})}
+
+
+class Trainer:
+    """One run: `Trainer(cfg, out, opts, resume).run()`."""
+
+    def __init__(self, cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False) -> None:
+        self.cfg, self.out, self.opts = cfg, Path(out), opts
+        self.code = code_version()
+        self.config_json = canonical_json(cfg.to_dict()).decode()
+        self.ctx = StepContext.build(cfg, opts.device)
+        self._open_run_dir(resume)
+        self.stream = stream.open_stream(cfg.train.corpus, seq_len=cfg.model.seq_len, seed=cfg.train.seed)
+        vocab = self.stream.manifest.vocab_size
+        if vocab != cfg.model.vocab_size:
+            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size}, but corpus {cfg.train.corpus} has a "
+                              f"{vocab}-token tokenizer")
+        self.heldout = heldout_tokens(cfg, self.ctx.device)
+        self.metrics = JsonlLog(self.out / METRICS)
+        self.expected: dict[int, dict] = {}
+        self.state, self.prev = self._resume() if resume else self._fresh()
+        self.log = JsonlLog(self.out / HASHLOG)
+
+    # -- run directory, start, resume -------------------------------------------------------------------
+    def _open_run_dir(self, resume: bool) -> None:
+        if resume:
+            if not (self.out / CONFIG).is_file():
+                raise RunDirError(f"{self.out}: --resume needs an existing run directory with {CONFIG}")
+            saved = from_dict(json.loads((self.out / CONFIG).read_text()))
+            if canonical_json(saved.to_dict()) != canonical_json(self.cfg.to_dict()):
+                raise ConfigError(f"{self.out / CONFIG}: the run was started with another config; resume with it")
+            return
+        if self.out.exists():
+            raise RunDirError(f"{self.out}: exists; refusing to overwrite a run (pass --resume to continue it, "
+                              f"or choose another --out)")
+        self.out.mkdir(parents=True)
+        (self.out / CONFIG).write_text(self.config_json + "\n")
+
+    def _fresh(self) -> tuple[TrainState, bytes]:
+        params = init_params(self.cfg.model, self.cfg.train.seed, self.ctx.device)
+        state = TrainState.fresh(params)
+        sdig = state_hash(state_entries(state, self.config_json, self.code, self.stream.state(0)))
+        prev = chain(ZERO, sdig)
+        self.last_state_hash = sdig.hex()
+        with JsonlLog(self.out / HASHLOG) as log:
+            log.append({"step": -1, "tokens": 0, "init_digest": digest_many(params), "state_hash": sdig.hex(),
+                        "chain_hash": prev.hex(), "code_version": self.code})
+        self.metrics.append({"event": "start", "config": self.cfg.name, "topology": self.opts.topology.label(),
+                             "device": str(self.ctx.device), "torch": torch.__version__, "code_version": self.code,
+                             "time": time.time()})
+        return state, prev
+
+    def _resume(self) -> tuple[TrainState, bytes]:
+        steps = ckpt.list_checkpoints(self.out)
+        if not steps:
+            raise RunDirError(f"{self.out}: no checkpoint to resume from")
+        path = ckpt.ckpt_dir(self.out, steps[-1])
+        state, manifest = ckpt.load_checkpoint(path, self.ctx.specs, self.code, self.ctx.device)
+        self.stream.restore(manifest["stream_state"])
+        records = read_jsonl(self.out / HASHLOG)
+        keep = [r for r in records if r["step"] < state.step]
+        if not keep or keep[-1]["step"] != state.step - 1 or keep[-1]["chain_hash"] != manifest["chain_hash"]:
+            raise IntegrityError(self.out / HASHLOG, manifest["chain_hash"], keep[-1]["chain_hash"] if keep else "none",
+                                 f"the log's record of step {state.step - 1} does not match checkpoint {path.name}")
+        self.expected = {r["step"]: r for r in records if r["step"] >= state.step}
+        if self.expected:  # steps logged after the checkpoint: keep them aside, and re-check each as it recurs
+            n = 1
+            while (self.out / f"hashlog.before-resume-{n}.jsonl").exists():
+                n += 1
+            rewrite_jsonl(self.out / f"hashlog.before-resume-{n}.jsonl", records)
+        rewrite_jsonl(self.out / HASHLOG, keep)
+        self.last_state_hash = manifest["state_hash"]
+        self.metrics.append({"event": "resume", "from_step": state.step, "checkpoint": str(path),
+                             "recheck_steps": len(self.expected), "time": time.time()})
+        return state, bytes.fromhex(manifest["chain_hash"])
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        rec = {"event": "eval", "step": self.state.step, "tokens": self.state.tokens,
+               "weight_norms": weight_norms(self.state.params, self.cfg)}
+        if self.heldout is not None:
+            rec["heldout_ce"] = heldout_ce(self.state.params, self.cfg, self.heldout, self.ctx.rope)
+        self.metrics.append(rec)
+        return rec
+
+    def one_step(self) -> tuple[dict, float, float]:
+        """Run, hash and log the next step; (record, step seconds, hashing seconds)."""
+        step = self.state.step
+        lo, hi = self.ctx.batch.window_range(step)
+        t0 = time.perf_counter()
+        tokens = torch.from_numpy(self.stream.windows(lo, hi)).to(torch.int64).to(self.ctx.device)
+        r = run_step(self.state, tokens, self.opts.topology, self.ctx)
+        t1 = time.perf_counter()
+        sdig = state_hash(state_entries(self.state, self.config_json, self.code,
+                                        self.stream.state_for_step(step + 1, self.ctx.batch)))
+        self.prev = chain(self.prev, sdig)
+        self.last_state_hash = sdig.hex()
+        t2 = time.perf_counter()
+        rec = _record(r, self.state.tokens, sdig, self.prev)
+        self.log.append(rec)
+        want = self.expected.pop(step, None)
+        if want is not None and want["chain_hash"] != rec["chain_hash"]:
+            raise DivergenceError(f"step {step}: recomputed chain hash {rec['chain_hash']} differs from the logged "
+                                  f"{want['chain_hash']} (state hash {rec['state_hash']} vs {want['state_hash']})")
+        hashing = (t2 - t1) + r.digest_seconds
+        self.metrics.append({"event": "step", "step": step, "seconds": t2 - t0, "hash_seconds": hashing,
+                             "tokens_per_s": (hi - lo) * self.cfg.model.seq_len / (t2 - t0)})
+        return rec, t2 - t0, hashing
+
+    def checkpoint(self) -> Path:
+        path = ckpt.save_checkpoint(self.out, self.state, self.cfg.to_dict(), self.code,
+                                    self.stream.state_for_step(self.state.step, self.ctx.batch),
+                                    self.last_state_hash, self.prev.hex())
+        self.metrics.append({"event": "checkpoint", "step": self.state.step, "path": str(path), "time": time.time()})
+        return path
+
+    def run(self) -> dict:
+        """Train to `opts.steps` steps; returns the summary (also the last metrics event)."""
+        from app.progress import StepProgress
+        from app.report import plot_losses
+
+        o = self.opts
+        if self.state.step >= o.steps:
+            raise ConfigError(f"--steps {o.steps}: the run is already at step {self.state.step}")
+        first = self.state.step
+        if first == 0 and o.eval_every:
+            self.evaluate()
+        total_s = hash_s = 0.0
+        losses = []
+        with StepProgress(o.steps, first, self.cfg.model.seq_len, enabled=o.progress) as bar:
+            while self.state.step < o.steps:
+                rec, secs, hs = self.one_step()
+                total_s, hash_s = total_s + secs, hash_s + hs
+                losses.append(rec["loss"])
+                n = self.state.step
+                if o.eval_every and n % o.eval_every == 0:
+                    self.evaluate()
+                if o.checkpoint_every and n % o.checkpoint_every == 0:
+                    self.checkpoint()
+                bar.update(rec, secs)
+        if o.eval_every and self.state.step % o.eval_every:
+            self.evaluate()
+        if not o.checkpoint_every or self.state.step % o.checkpoint_every:
+            self.checkpoint()  # the end state is always resumable
+        plot_losses(self.out)
+        evals = [r for r in read_jsonl(self.out / METRICS) if r.get("event") == "eval" and "heldout_ce" in r]
+        summary = {"event": "end", "run": str(self.out), "steps": self.state.step, "tokens": self.state.tokens,
+                   "first_loss": losses[0], "last_loss": losses[-1],
+                   "heldout_first": evals[0]["heldout_ce"] if evals else None,
+                   "heldout_last": evals[-1]["heldout_ce"] if evals else None,
+                   "seconds": total_s, "hash_share": hash_s / total_s if total_s else 0.0,
+                   "run_hash": self.prev.hex(), "time": time.time()}
+        self.metrics.append(summary)
+        self.log.close()
+        self.metrics.close()
+        return summary
+
+
+def train(cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False) -> dict:
+    """Train (or resume) the run at `out`; returns the summary dict."""
+    return Trainer(cfg, out, opts, resume).run()
+
+
+def main(config: str, steps: int, out: str, resume: bool = False, checkpoint_every: int = 100, eval_every: int = 50,
+         topology: str = "1x1", micro_batch: int | None = None, corpus: str | None = None, device: str = "cpu",
+         progress: bool = True, threads: int = 0) -> int:
+    """`python -m app train ...`: train, print the one-line summary with the run hash."""
+    from rich.console import Console
+
+    from app.presets import preset
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = preset(config)
+    if micro_batch is not None:
+        cfg = cfg.replace(**{"train.micro_batch": micro_batch})
+    if corpus is not None:
+        cfg = cfg.replace(**{"train.corpus": corpus})
+    opts = TrainOptions(steps, checkpoint_every, eval_every, Topology.parse(topology), device, progress)
+    s = train(cfg, out, opts, resume)
+    held = (f", held-out CE {s['heldout_first']:.3f} -> {s['heldout_last']:.3f}"
+            if s["heldout_first"] is not None else "")
+    Console(soft_wrap=True).print(
+        f"run {s['run']}: {s['steps']} steps, {s['tokens']:,} tokens, loss {s['first_loss']:.3f} -> "
+        f"{s['last_loss']:.3f}{held}, hashing {100 * s['hash_share']:.1f}% of step time, run hash {s['run_hash']}")
+    return 0
