@@ -1,0 +1,70 @@
+"""Device side of the exact int64 fixed-point reductions (kernels/ref/fixed.py, BR contract point 3).
+
+A reduction is two passes over its addends: the largest finite magnitude (and which non-finite values
+occur), then the int64 sum at the scale 2^(62 - headroom - exponent(max)). Integer addition is
+associative, so blocks, splits and lanes may add in any order and still give the reference's bits.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.triton.ieee import INF, NAN, frexp_exponent, isfinite, pow2, rint
+
+# non-finite addends seen, as bits: their sum is order-free (nan wins; +inf with -inf is nan)
+HAS_NAN = tl.constexpr(1)
+HAS_PINF = tl.constexpr(2)
+HAS_NINF = tl.constexpr(4)
+
+
+@triton.jit
+def _bit_or(a, b):
+    return a | b
+
+
+@triton.jit
+def flags_of(x):
+    """Per-element non-finite bits of x (int32)."""
+    f = tl.where(x != x, HAS_NAN, 0)
+    f = f | tl.where(x == INF, HAS_PINF, 0)
+    return f | tl.where(x == -INF, HAS_NINF, 0)
+
+
+@triton.jit
+def or_reduce(f, axis):
+    """Bitwise OR of int32 flags along `axis`."""
+    return tl.reduce(f, axis, _bit_or)
+
+
+@triton.jit
+def nonfinite_sum(flags):
+    """float64 sum of the non-finite addends alone, from their OR-ed flags (0 when there are none)."""
+    pinf = (flags & HAS_PINF) != 0
+    ninf = (flags & HAS_NINF) != 0
+    v = tl.where(pinf, INF, tl.where(ninf, -INF, 0.0))
+    return tl.where(((flags & HAS_NAN) != 0) | (pinf & ninf), NAN, v)
+
+
+@triton.jit
+def finite_abs(x):
+    """|x| where x is finite, else 0 (float64): the statistic the scale is taken from."""
+    return tl.where(isfinite(x), tl.abs(x), 0.0)
+
+
+@triton.jit
+def scale_shift(amax, top):
+    """The shift s with every |addend| * 2^s < 2^top; top = 62 - ceil(log2 n) (fixed.scale_exponent)."""
+    return top - frexp_exponent(amax)
+
+
+@triton.jit
+def to_fixed(x, s):
+    """round(x * 2^s) as int64, half to even; non-finite x count as 0 (fixed.to_fixed of finite_or_zero)."""
+    x = tl.where(isfinite(x), x, 0.0)
+    return rint(x * pow2(s)).to(tl.int64)
+
+
+@triton.jit
+def from_fixed(q, s):
+    """float64 q * 2^-s: one rounding int64 -> float64, exact scaling."""
+    return q.to(tl.float64) * pow2(-s)

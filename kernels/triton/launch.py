@@ -1,0 +1,55 @@
+"""When a twin runs its Triton kernel, and the compile options every launch must carry.
+
+Bit-relevant: every kernel is launched with `enable_fp_fusion=False`, so `a * b + c` stays a rounded
+multiply then a rounded add (Triton would otherwise contract it into an FMA; BR_FACTS.md), and with
+`enable_reflect_ftz=False`, so libdevice's float32 div_rn is `div.rn.f32`, not `div.rn.ftz.f32`
+(Triton's default flushes subnormals there; the reference keeps them, BR contract point 8).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+# TRITON_INTERPRET=1 runs kernels on the CPU with numpy: a logic check, never evidence of GPU bits
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+# bit-relevant: no FMA contraction (the reference rounds after every * and +), no flushed subnormals
+BR_OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+
+
+def _interpreter_scalar_index() -> None:
+    """Let the interpreter use runtime scalars as loop bounds under numpy >= 2.3 (dev only).
+
+    Its tensors hold scalars as 1-element arrays, which newer numpy refuses to turn into an int.
+    """
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    _interpreter_scalar_index()
+
+
+def on_triton(*tensors: torch.Tensor | None) -> bool:
+    """True when the Triton kernel can take these tensors: all on CUDA (or the interpreter on CPU)."""
+    present = [t for t in tensors if t is not None]
+    if INTERPRET:
+        return all(t.device.type == "cpu" for t in present)
+    return bool(present) and all(t.is_cuda for t in present)
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= max(n, 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()

@@ -1,0 +1,155 @@
+"""Triton twins of the exact reductions in kernels/ref/reduce.py: exact_sum, exact_mean, sum, mean.
+
+Rows are split over programs: pass 1 takes each split's largest finite magnitude and non-finite flags,
+pass 2 adds each split's int64 fixed-point addends at the row's scale, pass 3 adds the splits' integers
+and rounds once. Any split count gives the same bits (integer addition is associative).
+"""
+from __future__ import annotations
+
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.ref import fixed as ref_fixed, reduce as ref
+from kernels.ref.checks import expect
+from kernels.triton.fixedpoint import (finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce,
+                                       scale_shift, to_fixed)
+from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
+
+BLOCK = 1024
+TARGET_PROGRAMS = 1024  # enough programs to fill 132 SMs several times over
+
+
+@triton.jit
+def _stats_kernel(x_ptr, amax_ptr, flags_ptr, n, span, S, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    base = x_ptr + row * n
+    lo = part.to(tl.int64) * span
+    amax = tl.zeros([BLOCK], tl.float64)
+    fl = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, span, BLOCK):  # span is a multiple of BLOCK: blocks never straddle splits
+        idx = lo + start + tl.arange(0, BLOCK)
+        v = tl.load(base + idx, mask=idx < n, other=0.0).to(tl.float64)
+        amax = tl.maximum(amax, finite_abs(v))
+        fl = fl | flags_of(v)
+    tl.store(amax_ptr + row * S + part, tl.max(amax, 0))
+    tl.store(flags_ptr + row * S + part, or_reduce(fl, 0))
+
+
+@triton.jit
+def _sum_kernel(x_ptr, amax_ptr, part_ptr, n, span, S, top, S_POW2: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    j = tl.arange(0, S_POW2)
+    s = scale_shift(tl.max(tl.load(amax_ptr + row * S + j, mask=j < S, other=0.0), 0), top)
+    base = x_ptr + row * n
+    lo = part.to(tl.int64) * span
+    acc = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, span, BLOCK):  # span is a multiple of BLOCK: blocks never straddle splits
+        idx = lo + start + tl.arange(0, BLOCK)
+        v = tl.load(base + idx, mask=idx < n, other=0.0).to(tl.float64)
+        acc += to_fixed(v, s)  # exact: any order of these integer adds gives the same sum
+    tl.store(part_ptr + row * S + part, tl.sum(acc, 0))
+
+
+@triton.jit
+def _finish_kernel(amax_ptr, flags_ptr, part_ptr, out_ptr, S, top, scale_bits,
+                   HAS_SCALE: tl.constexpr, S_POW2: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, S_POW2)
+    on = j < S
+    s = scale_shift(tl.max(tl.load(amax_ptr + row * S + j, mask=on, other=0.0), 0), top)
+    total = tl.sum(tl.load(part_ptr + row * S + j, mask=on, other=0), 0)
+    fl = or_reduce(tl.load(flags_ptr + row * S + j, mask=on, other=0), 0)
+    out = from_fixed(total, s)
+    if HAS_SCALE:
+        out = out * scale_bits.to(tl.int64).to(tl.float64, bitcast=True)  # the host double, bit for bit
+    dt = out_ptr.dtype.element_ty
+    out = tl.where(fl != 0, nonfinite_sum(fl).to(dt), out.to(dt))
+    tl.store(out_ptr + row, out)
+
+
+def _double_bits(v: float) -> int:
+    """The IEEE bits of a host double as a signed int64 (passed to the kernel, which bitcasts back)."""
+    return struct.unpack("<q", struct.pack("<d", float(v)))[0]
+
+
+def row_sum(x2: torch.Tensor, out_dtype: torch.dtype, scale: float | None = None,
+            splits: int | None = None) -> torch.Tensor:
+    """Exact sum of each row of a contiguous 2-D float tensor [R, n] (n >= 1), times `scale` if given."""
+    r, n = x2.shape
+    s = splits or max(1, min(cdiv(n, 4 * BLOCK), cdiv(TARGET_PROGRAMS, r)))
+    span = cdiv(cdiv(n, s), BLOCK) * BLOCK
+    s = cdiv(n, span)
+    top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(n)
+    dev = x2.device
+    amax = torch.empty(r, s, dtype=torch.float64, device=dev)
+    flags = torch.empty(r, s, dtype=torch.int32, device=dev)
+    parts = torch.empty(r, s, dtype=torch.int64, device=dev)
+    out = torch.empty(r, dtype=out_dtype, device=dev)
+    sp = pow2_at_least(s)
+    _stats_kernel[(r, s)](x2, amax, flags, n, span, s, BLOCK=BLOCK, **BR_OPTIONS)
+    _sum_kernel[(r, s)](x2, amax, parts, n, span, s, top, S_POW2=sp, BLOCK=BLOCK, **BR_OPTIONS)
+    _finish_kernel[(r,)](amax, flags, parts, out, s, top, _double_bits(scale or 0.0),
+                         HAS_SCALE=scale is not None, S_POW2=sp, **BR_OPTIONS)
+    return out
+
+
+def exact_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False, *, scale: float | None = None,
+              out_dtype=torch.float32) -> torch.Tensor:
+    """kernels.ref.reduce.exact_sum, computed by the Triton kernels (same bits)."""
+    expect("exact_sum", "x", x, dtype=ref.FLOATS)
+    if not on_triton(x) or x.dim() == 0 or x.numel() == 0:
+        return ref.exact_sum(x, dim, keepdim, scale=scale, out_dtype=out_dtype)
+    d = dim % x.dim()
+    moved = x.movedim(d, -1)
+    n = moved.shape[-1]
+    out = row_sum(moved.contiguous().reshape(-1, n), out_dtype, scale).reshape(moved.shape[:-1])
+    return out.unsqueeze(d) if keepdim else out
+
+
+def exact_mean(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """Mean over `dim`: the exact sum times the host reciprocal of the count (as the reference)."""
+    n = x.shape[dim % x.dim()] if x.dim() else 1
+    return exact_sum(x, dim, keepdim, scale=1.0 / n)
+
+
+class _Sum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, keepdim, scale):
+        ctx.dim, ctx.keepdim, ctx.scale, ctx.shape = dim, keepdim, scale, x.shape
+        return exact_sum(x, dim, keepdim, scale=scale)
+
+    @staticmethod
+    def backward(ctx, g):
+        # the reference's backward: a broadcast and one float32 multiply (BR-safe eager ops)
+        if not ctx.keepdim:
+            g = g.unsqueeze(ctx.dim)
+        if ctx.scale is not None:
+            g = g * torch.tensor(ctx.scale, dtype=torch.float32, device=g.device)
+        return g.expand(ctx.shape).contiguous(), None, None, None
+
+
+def sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:  # noqa: A001
+    """Differentiable exact sum over `dim` (float32): the bits of kernels.ref.reduce.sum."""
+    if not on_triton(x):
+        return ref.sum(x, dim, keepdim)
+    expect("sum", "x", x, dtype=torch.float32)
+    return _Sum.apply(x, dim % x.dim() if x.dim() else 0, keepdim, None)
+
+
+def mean(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """Differentiable exact mean over `dim` (float32): the bits of kernels.ref.reduce.mean."""
+    if not on_triton(x):
+        return ref.mean(x, dim, keepdim)
+    expect("mean", "x", x, dtype=torch.float32)
+    d = dim % x.dim() if x.dim() else 0
+    return _Sum.apply(x, d, keepdim, 1.0 / x.shape[d])
+
+
+def __getattr__(name: str):
+    """Names without a twin (dot, max, global_l2_norm) are the reference's."""
+    return getattr(ref, name)

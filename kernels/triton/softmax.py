@@ -1,0 +1,169 @@
+"""Triton twin of softmax in kernels/ref/softmax.py: forward and backward along any dim.
+
+One program per row. Forward: the max (NaN-propagating, as torch.amax), e = float32 exp64(x - m)
+parked in the output, the exact fixed-point sum of e, y = e * (1 / s) with a correctly rounded division.
+Backward: dx = float32(y (g - <g, y>)) in float64, the dot an exact fixed-point sum.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.ref import fixed as ref_fixed, softmax as ref
+from kernels.triton.elementary import exp64
+from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
+from kernels.triton.ieee import INF, NAN, div_rn
+from kernels.triton.launch import BR_OPTIONS, on_triton, pow2_at_least
+
+F32 = torch.float32
+
+
+@triton.jit
+def _exp_shifted(x_row, idx, n, m64):
+    """float32 exp64(x - m) (0 outside the row): the difference is exact in float64."""
+    x = tl.load(x_row + idx, mask=idx < n, other=0.0)
+    e = exp64(x.to(tl.float64) - m64).to(tl.float32)
+    return tl.where(idx < n, e, 0.0)
+
+
+@triton.jit
+def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * n
+    mx = tl.full([BLOCK], -INF, tl.float32)
+    nan = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + idx, mask=idx < n, other=-INF)
+        mx = tl.maximum(mx, x)
+        nan = nan | (x != x).to(tl.int32)
+    m = tl.where(tl.max(nan, 0) != 0, NAN, tl.max(mx, 0))  # torch.amax propagates NaN
+    m64 = m.to(tl.float64)
+    # e is computed once and parked in y: the later passes re-read it from cache, not recompute exp64
+    y_row = y_ptr + row * n
+    amax = tl.zeros([BLOCK], tl.float64)
+    fl = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        e = _exp_shifted(x_row, idx, n, m64)
+        tl.store(y_row + idx, e, mask=idx < n)
+        amax = tl.maximum(amax, finite_abs(e.to(tl.float64)))
+        fl = fl | flags_of(e.to(tl.float64))
+    tl.debug_barrier()  # the row's e is visible to every thread of this program
+    s = scale_shift(tl.max(amax, 0), top)
+    acc = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        acc += to_fixed(tl.load(y_row + idx, mask=idx < n, other=0.0).to(tl.float64), s)
+    f = or_reduce(fl, 0)
+    total = tl.where(f != 0, nonfinite_sum(f), from_fixed(tl.sum(acc, 0), s))
+    r = div_rn(tl.full([BLOCK], 1.0, tl.float32), tl.broadcast_to(total.to(tl.float32), [BLOCK]))
+    tl.debug_barrier()
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        tl.store(y_row + idx, tl.load(y_row + idx, mask=idx < n, other=0.0) * r, mask=idx < n)
+
+
+@triton.jit
+def _backward_kernel(y_ptr, g_ptr, dx_ptr, n, top, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    y_row, g_row = y_ptr + row * n, g_ptr + row * n
+    amax = tl.zeros([BLOCK], tl.float64)
+    fl = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        p = tl.load(g_row + idx, mask=idx < n, other=0.0).to(tl.float64) * \
+            tl.load(y_row + idx, mask=idx < n, other=0.0).to(tl.float64)
+        amax = tl.maximum(amax, finite_abs(p))
+        fl = fl | flags_of(p)
+    s = scale_shift(tl.max(amax, 0), top)
+    acc = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        p = tl.load(g_row + idx, mask=idx < n, other=0.0).to(tl.float64) * \
+            tl.load(y_row + idx, mask=idx < n, other=0.0).to(tl.float64)
+        acc += to_fixed(p, s)
+    f = or_reduce(fl, 0)
+    d = tl.where(f != 0, nonfinite_sum(f), from_fixed(tl.sum(acc, 0), s))
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        y = tl.load(y_row + idx, mask=idx < n, other=0.0).to(tl.float64)
+        g = tl.load(g_row + idx, mask=idx < n, other=0.0).to(tl.float64)
+        tl.store(dx_ptr + row * n + idx, (y * (g - d)).to(tl.float32), mask=idx < n)
+
+
+def _rows(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """`t` with `dim` moved last, contiguous, as [rows, n]."""
+    moved = t.movedim(dim, -1).contiguous()
+    return moved.reshape(-1, moved.shape[-1])
+
+
+def _back(t2: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
+    """Undo _rows: the original layout, contiguous (as the reference returns it)."""
+    shape = list(like.movedim(dim, -1).shape)
+    return t2.reshape(shape).movedim(-1, dim).contiguous()
+
+
+def _block(n: int) -> int:
+    return min(pow2_at_least(n), 2048)
+
+
+def _launch_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
+    x2 = _rows(x, dim)
+    r, n = x2.shape
+    y2 = torch.empty_like(x2)
+    top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(n)
+    _forward_kernel[(r,)](x2, y2, n, top, BLOCK=_block(n), num_warps=8, **BR_OPTIONS)
+    return _back(y2, x, dim)
+
+
+def _launch_backward(y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
+    y2, g2 = _rows(y, dim), _rows(g, dim)
+    r, n = y2.shape
+    dx2 = torch.empty_like(y2)
+    top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(n)
+    _backward_kernel[(r,)](y2, g2, dx2, n, top, BLOCK=_block(n), num_warps=8, **BR_OPTIONS)
+    return _back(dx2, y, dim)
+
+
+def _usable(x: torch.Tensor) -> bool:
+    return on_triton(x) and x.dtype == F32 and x.dim() >= 1 and x.numel() > 0
+
+
+def softmax_(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax of float32 `x` along `dim`, without autograd: the bits of ref.softmax_."""
+    return _launch_forward(x, dim % x.dim()) if _usable(x) else ref.softmax_(x, dim)
+
+
+def softmax_backward(y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
+    """dx = y * (g - <g, y>) along `dim`: the bits of ref.softmax_backward."""
+    if not (_usable(y) and on_triton(g) and g.dtype == F32 and g.shape == y.shape):
+        return ref.softmax_backward(y, g, dim)
+    return _launch_backward(y, g, dim % y.dim())
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        y = _launch_forward(x, dim)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return _launch_backward(y, g, ctx.dim), None
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Differentiable BR softmax of float32 `x` along `dim`: the bits of kernels.ref.softmax.softmax."""
+    if not _usable(x):
+        return ref.softmax(x, dim)
+    return _Softmax.apply(x, ref._dim("softmax", x, dim))
+
+
+def __getattr__(name: str):
+    """logsumexp and shifted_exp are the reference's."""
+    return getattr(ref, name)

@@ -1,0 +1,223 @@
+"""Every Triton twin vs the reference op on CUDA and on this machine's CPU: 0 mismatching bits.
+
+Inputs are fresh for each session (a random base seed, printed; set TRITON_PARITY_SEED to replay one),
+drawn with our own Philox, at several shapes including non-powers of two, forward and backward.
+NaN payloads are not part of the contract (the CPU and CUDA references differ there): where both sides
+are NaN the element counts as equal; every other element compares raw bits.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+# TRITON_INTERPRET=1 runs the twins on the CPU through Triton's interpreter: a logic check, never GPU evidence
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET), reason="needs CUDA")]
+
+from kernels.ref import adamw as r_adamw, elementary as r_el, philox, reduce as r_reduce  # noqa: E402
+from kernels.ref.fixed import pow2  # noqa: E402
+from kernels.ref import rmsnorm as r_rms, rope as r_rope, softmax as r_soft, swiglu as r_swiglu  # noqa: E402
+from kernels.triton import adamw as t_adamw, elementary as t_el, reduce as t_reduce  # noqa: E402
+from kernels.triton import rmsnorm as t_rms, rope as t_rope, softmax as t_soft, swiglu as t_swiglu  # noqa: E402
+
+BASE = int(os.environ.get("TRITON_PARITY_SEED", int.from_bytes(os.urandom(6), "little")))
+INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+CUDA = torch.device("cpu" if INTERPRET else "cuda")
+
+
+def setup_module(_):
+    print(f"\nTRITON_PARITY_SEED={BASE}")
+
+
+def seed(*parts) -> int:
+    h = BASE
+    for p in str(parts).encode():
+        h = ((h ^ p) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def normal(shape, *tag, std: float = 1.0) -> torch.Tensor:
+    return philox.normal(seed(*tag), 0, shape, std=std)
+
+
+def wide(shape, *tag) -> torch.Tensor:
+    """Normals times 2^k, k uniform in [-30, 30]: a wide dynamic range for the fixed-point sums."""
+    n = 1
+    for s in shape:
+        n *= s
+    k = (philox.random_bits(seed(*tag, "k"), 1, n) % 61 - 30).reshape(shape)
+    return normal(shape, *tag) * pow2(k).to(torch.float32)  # exact powers of two
+
+
+def mismatches(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Elements whose raw bits differ (both-NaN counts as equal)."""
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    diff = a.view(INTS[a.element_size()]) != b.view(INTS[b.element_size()])
+    if a.is_floating_point():
+        diff &= ~(torch.isnan(a) & torch.isnan(b))
+    return int(diff.sum())  # br-ok: integer count in a test
+
+
+def assert_same(twin: dict, ref_cuda: dict, ref_cpu: dict | None = None) -> None:
+    bad = {f"{k} vs ref cuda": mismatches(twin[k], ref_cuda[k]) for k in twin}
+    if ref_cpu is not None:
+        bad.update({f"{k} vs ref cpu": mismatches(twin[k], ref_cpu[k]) for k in twin})
+    assert all(v == 0 for v in bad.values()), bad
+
+
+def fwd_bwd(fn, inputs: list[torch.Tensor], g: torch.Tensor, dev) -> dict[str, torch.Tensor]:
+    """y = fn(*inputs) on `dev` with gradients for every input; y.backward(g)."""
+    xs = [t.to(dev).clone().requires_grad_(True) for t in inputs]
+    y = fn(*xs)
+    y.backward(g.to(dev))
+    out = {"y": y}
+    out.update({f"d{i}": x.grad for i, x in enumerate(xs) if x.grad is not None})
+    return out
+
+
+def three_ways(twin_fn, ref_fn, inputs, g, cpu: bool = True) -> None:
+    assert_same(fwd_bwd(twin_fn, inputs, g, CUDA), fwd_bwd(ref_fn, inputs, g, CUDA),
+                fwd_bwd(ref_fn, inputs, g, "cpu") if cpu else None)
+
+
+# --- elementwise elementary functions ---
+
+UNARY = ["exp", "sqrt", "rsqrt", "sigmoid", "silu"]
+SHAPES = [(1, 1), (7, 33), (64, 1000), (3, 4097), (1000, 1037)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("op", UNARY)
+def test_unary(op, shape):
+    x = normal(shape, op, shape, std=4.0)
+    if op in ("sqrt", "rsqrt"):
+        x = x.abs() + 1e-3
+    three_ways(getattr(t_el, op), getattr(r_el, op), [x], normal(shape, op, shape, "g"), cpu=shape[0] < 1000)
+
+
+@pytest.mark.parametrize("op", UNARY)
+def test_unary_every_float32_class(op):
+    """2^20 random bit patterns: subnormals, huge values, infinities, NaNs, both signs."""
+    bits = philox.random_bits(seed(op, "bits"), 0, 1 << 20)
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+    x = bits.view(torch.float32)
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -1e-45, 1.1754942e-38,
+                             88.72283, 88.72284, -103.97208, -103.9721, 709.9, -745.5, 3.4028235e38], dtype=torch.float32)
+    x = torch.cat([x, specials])
+    g = normal(tuple(x.shape), op, "bits-g")
+    three_ways(getattr(t_el, op), getattr(r_el, op), [x], g)
+
+
+# --- exact reductions ---
+
+@pytest.mark.parametrize("shape,dim", [((7, 33), -1), ((64, 1000), 0), ((3, 4097), -1), ((2, 5, 3000), 1),
+                                       ((2, 1_000_003), -1), ((1, 1), 0)], ids=str)
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_sum_mean(op, shape, dim):
+    x = wide(shape, op, shape)
+    out_shape = list(shape)
+    out_shape.pop(dim)
+    g = normal(tuple(out_shape), op, shape, "g")
+    three_ways(lambda t: getattr(t_reduce, op)(t, dim), lambda t: getattr(r_reduce, op)(t, dim), [x], g)
+
+
+def test_exact_sum_float64_and_any_split_count():
+    x = wide((5, 300_001), "split")
+    x64 = x.double() * x.double()
+    want = r_reduce.exact_sum(x64.to(CUDA), -1, True, scale=1.0 / 3, out_dtype=torch.float64)
+    got = t_reduce.exact_sum(x64.to(CUDA), -1, True, scale=1.0 / 3, out_dtype=torch.float64)
+    assert mismatches(got, want) == 0
+    ref = r_reduce.exact_sum(x.to(CUDA))
+    for s in (1, 2, 7, 64):
+        assert mismatches(t_reduce.row_sum(x.to(CUDA), torch.float32, splits=s), ref) == 0, s
+
+
+def test_sum_nonfinite_rows():
+    x = normal((4, 5000), "nonfinite")
+    x[0, 17], x[1, 4000], x[2, 5], x[2, 6], x[3, 9] = float("inf"), -float("inf"), float("inf"), -float("inf"), float("nan")
+    assert mismatches(t_reduce.exact_sum(x.to(CUDA)), r_reduce.exact_sum(x.to(CUDA))) == 0
+
+
+# --- layer ops ---
+
+@pytest.mark.parametrize("shape,gain", [((7, 33), True), ((3, 5, 100), True), ((13, 384), True), ((1, 1), False),
+                                        ((2, 4, 7, 8), False), ((2, 7, 128), False), ((512, 2048), True),
+                                        ((5, 4100), True), ((3000, 96), True)], ids=str)
+def test_rmsnorm(shape, gain):
+    x = normal(shape, "rms", shape, std=3.0)
+    g = normal(shape, "rms", shape, "g")
+    if gain:
+        w = 1.0 + normal(shape[-1:], "rms", shape, "w", std=0.1)
+        three_ways(t_rms.rmsnorm, r_rms.rmsnorm, [x, w], g, cpu=shape[0] < 512)
+    else:
+        three_ways(t_rms.rmsnorm, r_rms.rmsnorm, [x], g)
+
+
+def test_rmsnorm_dweight_any_split_count():
+    x, g = normal((1000, 257), "dw"), normal((1000, 257), "dw", "g")
+    _, rstd = t_rms._forward(x.to(CUDA), None, 1e-6)
+    one = t_rms._dw(g.to(CUDA), x.to(CUDA), rstd, splits=1)
+    for s in (2, 5, 31):
+        assert mismatches(t_rms._dw(g.to(CUDA), x.to(CUDA), rstd, splits=s), one) == 0, s
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (7, 66), (3, 5, 200), (13, 768), (1024, 11264)], ids=str)
+def test_swiglu(shape):
+    x = normal(shape, "swiglu", shape, std=3.0)
+    g = normal((*shape[:-1], shape[-1] // 2), "swiglu", shape, "g")
+    three_ways(t_swiglu.swiglu, r_swiglu.swiglu, [x], g, cpu=shape[0] < 1024)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 7, 8), (2, 3, 33, 64), (1, 1, 130, 128), (2, 16, 1000, 128),
+                                   (3, 5, 17, 6)], ids=str)
+def test_rope(shape):
+    t, d = shape[-2], shape[-1]
+    cos, sin = r_rope.rope_tables(t, d, device=CUDA)
+    x, g = normal(shape, "rope", shape), normal(shape, "rope", shape, "g")
+    twin = fwd_bwd(lambda a: t_rope.apply_rope(a, cos, sin), [x], g, CUDA)
+    ref = fwd_bwd(lambda a: r_rope.apply_rope(a, cos, sin), [x], g, CUDA)
+    cpu = fwd_bwd(lambda a: r_rope.apply_rope(a, cos.cpu(), sin.cpu()), [x], g, "cpu")
+    assert_same(twin, ref, cpu)
+
+
+@pytest.mark.parametrize("shape,dim", [((7, 33), -1), ((3, 5, 100), 1), ((4, 3000), -1), ((8, 16, 257), -1),
+                                       ((4096, 1024), -1)], ids=str)
+def test_softmax(shape, dim):
+    x = normal(shape, "softmax", shape, std=4.0)
+    x.view(-1)[:: 13] = -float("inf")  # masked logits
+    g = normal(shape, "softmax", shape, "g")
+    three_ways(lambda t: t_soft.softmax(t, dim), lambda t: r_soft.softmax(t, dim), [x], g, cpu=shape[0] < 4096)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape,t0,wd", [((100,), 1, 0.0), ((7, 33), 1, 0.1), ((13, 384), 998, 0.1),
+                                         ((1000, 1037), 5, 0.1)], ids=str)
+def test_adamw(shape, t0, wd, dtype):
+    p0 = normal(shape, "adamw", shape, std=0.02).to(dtype)
+    gs = [normal(shape, "adamw", shape, k, std=0.01).to(dtype) for k in range(3)]
+    gs[1].view(-1)[::7] = 0  # zero gradients: tiny and subnormal moments
+
+    def run(step_fn, dev):
+        p = p0.to(dev).clone()
+        m = torch.zeros(shape, device=dev)
+        v = torch.zeros(shape, device=dev)
+        out = {}
+        for k, g in enumerate(gs):
+            step_fn(p, g.to(dev), m, v, step=t0 + k, lr=4.5e-4, weight_decay=wd)
+            out.update({f"p{k}": p.clone(), f"m{k}": m.clone(), f"v{k}": v.clone()})
+        return out
+
+    assert_same(run(t_adamw.adamw_step, CUDA), run(r_adamw.adamw_step, CUDA), run(r_adamw.adamw_step, "cpu"))
+
+
+def test_backend_namespace_runs_the_twins():
+    import kernels
+
+    b = kernels.backend("triton")
+    assert b.rmsnorm.rmsnorm is t_rms.rmsnorm and b.reduce.dot is r_reduce.dot
+    x = normal((9, 70), "ns").to(CUDA)
+    assert mismatches(b.softmax.softmax(x), r_soft.softmax(x)) == 0
