@@ -5,13 +5,14 @@ shard-minor, then the rank's microbatches in order). Two definitions, picked by 
 
 "ordered" (the report's Algorithm 1 and appendix A): per rank, float32 adds of its microbatch gradients in
     order, times 1/accum; shards added in ascending order into `inner`, times 1/dp_shard; replicas folded
-    by TreeFold (the pairing of a recursive-doubling all-reduce), times 1/dp_replicate. Bits depend on the
-    topology; a replay reproduces them by running the same virtual topology.
+    by collectives.TreeFold (the pairing of a recursive-doubling all-reduce), times 1/dp_replicate.
+    Bits depend on the topology; a replay reproduces them by running the same virtual topology.
 
 "exact" (beyond the paper): every partial is rounded once, element by element, to a fixed absolute grid
     of 2^-96 and added as integers in three int64 limbs of 40-bit digits (`ExactSum`). Integer addition is
     associative, so the sum is the same for every grouping: per rank, across shards, across replicas, in
-    any order, atomics included. The result is converted once (float64, times 1/n, one float32 rounding).
+    any order, atomics included. The unique carry-normalized digits go through a fixed chain of float64
+    operations (times 1/n) and one float32 rounding.
     With a topology-independent microbatch partition (micro_batch = 1: a microbatch is one window), a
     step's bits are then independent of the world size itself. Range: |g| < 2^24 per element and up to
     2^22 partials; larger or non-finite elements propagate as inf/NaN (order-free), and values below
@@ -27,6 +28,7 @@ import torch
 
 from app.config import REDUCTIONS, Topology
 from app.errors import ConfigError
+from collectives.treefold import TreeFold
 from kernels.ref.fixed import pow2
 
 F32, F64 = torch.float32, torch.float64
@@ -50,82 +52,90 @@ def _p2(e: int, device) -> torch.Tensor:
 
 
 class ExactSum:
-    """Order-free exact sum of float32 tensors of one shape (see module doc): add in any order, same bits."""
+    """Order-free exact sum of float32 tensors of one shape (see module doc): add in any order, same bits.
+
+    The first partial is kept as it is until a second arrives: a sum of one partial is the grid-rounded
+    partial itself (the limbs would reconstruct exactly that integer), so accum = world = 1 costs no limbs.
+    """
 
     def __init__(self, shape: tuple[int, ...], device) -> None:
-        self.limbs = torch.zeros((3, *shape), dtype=torch.int64, device=device)
+        self.shape, self.device = tuple(shape), device
+        self.limbs: torch.Tensor | None = None  # allocated when a second partial arrives
         self.bad = torch.zeros(shape, dtype=F64, device=device)  # order-free sum of inf/NaN stand-ins
+        self.pending: torch.Tensor | None = None
         self.count = 0
         self._up, self._d80, self._d40 = _p2(GRID, device), _p2(-2 * DIGIT, device), _p2(-DIGIT, device)
         self._m80, self._m40 = _p2(2 * DIGIT, device), _p2(DIGIT, device)
 
-    def add(self, g: torch.Tensor) -> None:
-        """Round g to the grid (half to even, once per element) and add its signed digits to the limbs."""
-        if self.count >= MAX_PARTIALS:
-            raise ConfigError(f"reduction: more than {MAX_PARTIALS} partials for one exact sum")
+    def _grid(self, g: torch.Tensor) -> torch.Tensor:
+        """round(g * 2^GRID) in float64 (half to even, the one rounding); out-of-range elements go to `bad`."""
         x = g.to(F64)
         if x.numel() and not bool(torch.amax(x.abs()) < LIMIT):  # NaN fails the test too
             ok = torch.isfinite(x) & (x.abs() < LIMIT)
             # out-of-range elements become inf with their sign (NaN stays NaN): sums of those are order-free
             self.bad = self.bad + torch.where(ok, torch.zeros_like(x), x * float("inf"))
             x = torch.where(ok, x, torch.zeros_like(x))
-        r = torch.round(x * self._up)            # the one rounding; r has <= 25 significant bits, |r| < 2^120
-        d2 = torch.trunc(r * self._d80)          # digits by truncation keep r's sign, and every op is exact:
-        r = r - d2 * self._m80                   # each remainder is the low bits of a short integer
+        return torch.round(x * self._up)  # exact scaling; r has <= 25 significant bits, |r| < 2^120
+
+    def _accumulate(self, g: torch.Tensor) -> None:
+        r = self._grid(g)
+        if self.limbs is None:
+            self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
+        d2 = torch.trunc(r * self._d80)  # digits by truncation keep r's sign, and every op is exact:
+        r = r - d2 * self._m80           # each remainder is the low bits of a short integer
         d1 = torch.trunc(r * self._d40)
         d0 = r - d1 * self._m40
         self.limbs[0] += d0.to(torch.int64)
         self.limbs[1] += d1.to(torch.int64)
         self.limbs[2] += d2.to(torch.int64)
+
+    def _flush(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._accumulate(pending)
+
+    def add(self, g: torch.Tensor) -> None:
+        """Add a partial (kept by reference until the next one: do not modify it)."""
+        if self.count >= MAX_PARTIALS:
+            raise ConfigError(f"reduction: more than {MAX_PARTIALS} partials for one exact sum")
+        if self.count == 0:
+            self.pending = g
+        else:
+            self._flush()
+            self._accumulate(g)
         self.count += 1
 
     def merge(self, other: "ExactSum") -> None:
         """Add another accumulator's integers (what an int64 all-reduce of the limbs does)."""
-        self.limbs += other.limbs
+        self._flush()
+        other._flush()
+        if other.limbs is not None:
+            if self.limbs is None:
+                self.limbs = torch.zeros_like(other.limbs)
+            self.limbs += other.limbs
         self.bad = self.bad + other.bad
         self.count += other.count
 
     def result(self, scale: float = 1.0) -> torch.Tensor:
         """The sum times the host double `scale` (e.g. 1/n), rounded once to float32."""
-        l0, l1, l2 = self.limbs[0], self.limbs[1], self.limbs[2]
-        # carry-normalize to the unique form 0 <= l0, l1 < 2^40 (arithmetic shifts are floors)
-        c = l0 >> DIGIT
-        l0 = l0 - (c << DIGIT)
-        l1 = l1 + c
-        c = l1 >> DIGIT
-        l1 = l1 - (c << DIGIT)
-        l2 = l2 + c
-        # a fixed chain of float64 operations on the unique integers: the same bits on every device
-        v = (l2.to(F64) * self._m80 + l1.to(F64) * self._m40) + l0.to(F64)
+        if self.pending is not None:
+            # one partial: the integer the limbs would reconstruct exactly (+ 0.0: an integer zero has no sign)
+            v = self._grid(self.pending) + 0.0
+        elif self.limbs is None:
+            v = torch.zeros(self.shape, dtype=F64, device=self.device)
+        else:
+            l0, l1, l2 = self.limbs[0], self.limbs[1], self.limbs[2]
+            # carry-normalize to the unique form 0 <= l0, l1 < 2^40 (arithmetic shifts are floors)
+            c = l0 >> DIGIT
+            l0 = l0 - (c << DIGIT)
+            l1 = l1 + c
+            c = l1 >> DIGIT
+            l1 = l1 - (c << DIGIT)
+            l2 = l2 + c
+            # a fixed chain of float64 operations on the unique integers: the same bits on every device
+            v = (l2.to(F64) * self._m80 + l1.to(F64) * self._m40) + l0.to(F64)
         v = (v * _p2(-GRID, v.device)) * scale
         return torch.where(torch.isfinite(self.bad), v, self.bad).to(F32)
-
-
-class TreeFold:
-    """Binary-carry fold of per-replica partials: the pairing of a recursive-doubling all-reduce (appendix A.1).
-
-    collectives/treefold.py will own this (with spilling of dormant entries); kept here until it exists.
-    """
-
-    def __init__(self) -> None:
-        self.stack: list[tuple[int, dict[str, torch.Tensor]]] = []
-
-    def push(self, partial: dict[str, torch.Tensor]) -> None:
-        level, acc = 0, partial
-        while self.stack and self.stack[-1][0] == level:
-            _, left = self.stack.pop()
-            acc = {k: left[k] + acc[k] for k in left}  # the lower replica block on the left
-            level += 1
-        self.stack.append((level, acc))
-
-    def result(self) -> dict[str, torch.Tensor]:
-        """Residual blocks (one per set bit of the count) combined largest (lowest replicas) first."""
-        if not self.stack:
-            raise ConfigError("reduction: TreeFold got no partials")
-        acc = self.stack[0][1]
-        for _, blk in self.stack[1:]:
-            acc = {k: acc[k] + blk[k] for k in acc}
-        return acc
 
 
 def _scale(g: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:

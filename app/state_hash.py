@@ -20,16 +20,15 @@ import struct
 from pathlib import Path
 
 import blake3
-import numpy as np
 import torch
 
+from app.digests import le_array
 from app.step import TrainState
 
 FORMAT = b"open-1b-state/1"
 ZERO = bytes(32)
-_INTS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 # the files whose text defines the bits of a run (kernels, stream, and the app's bit path)
-CODE_GLOBS = ("kernels/ref/*.py", "kernels/digest.py", "stream/*.py", "app/config.py", "app/params.py",
+CODE_GLOBS = ("kernels/ref/*.py", "kernels/digest.py", "stream/*.py", "collectives/treefold.py", "app/config.py", "app/digests.py", "app/params.py",
               "app/model.py", "app/moe.py", "app/init.py", "app/reduction.py", "app/optim.py", "app/step.py",
               "app/state_hash.py")
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,14 +47,6 @@ def code_version() -> str:
 
 def canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def le_array(t: torch.Tensor) -> np.ndarray:
-    """The tensor's elements as a contiguous little-endian unsigned-int array (a view where possible)."""
-    t = t.detach().to("cpu").contiguous()
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    arr = t.reshape(-1).view(ints).numpy()
-    return arr.astype(arr.dtype.newbyteorder("<"), copy=False)
 
 
 def _tensor_entry(h, name: str, t: torch.Tensor) -> None:

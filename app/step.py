@@ -23,12 +23,12 @@ import torch
 
 import stream
 from app.config import RunConfig, Topology
+from app.digests import digest_many, tensor_digest
 from app.errors import ConfigError
 from app.model import forward, rope_for
 from app.optim import SpikeState, adamw_update, clip, spike_decision
 from app.params import ParamSpec, spec_map
 from app.reduction import Coord, mesh_order, reduce_gradients
-from kernels.digest import digest_many, tensor_digest
 from kernels.ref.reduce import exact_mean
 
 F32 = torch.float32

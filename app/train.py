@@ -25,7 +25,7 @@ from app.hashlog import JsonlLog, read_jsonl, rewrite_jsonl
 from app.init import init_params
 from app.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
 from app.step import StepContext, StepResult, TrainState, run_step
-from kernels.digest import digest_many
+from app.digests import digest_many
 
 HASHLOG, METRICS, CONFIG = "hashlog.jsonl", "metrics.jsonl", "config.json"
 
