@@ -1,0 +1,89 @@
+"""The state hash follows its documented serialization, covers every part of the state, and chains."""
+import struct
+
+import blake3
+import numpy as np
+import torch
+
+from app.optim import SpikeState
+from app.state_hash import FORMAT, ZERO, canonical_json, chain, state_entries, state_hash
+from app.step import TrainState
+
+
+def _state() -> TrainState:
+    p = {"b.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3).to(torch.bfloat16),
+         "a.s_x": torch.tensor(0.25)}
+    st = TrainState.fresh(p)
+    st.m["b.weight"][0, 1] = 1.5
+    st.grads["a.s_x"] = torch.tensor(-2.0)
+    st.adam_step, st.step, st.tokens = 3, 4, 512
+    st.spike = SpikeState(1, 1, 4)
+    return st
+
+
+def _independent_hash(st: TrainState, cfg: str, code: str, stream_state: dict) -> bytes:
+    """The module docstring's format, written out again from the text."""
+    items = []
+    for prefix, d in (("param", st.params), ("m", st.m), ("v", st.v), ("grad", st.grads)):
+        for k, t in d.items():
+            items.append((f"{prefix}/{k}", t))
+    meta = {"meta/code_version": code.encode(), "meta/config": cfg.encode(),
+            "meta/counters": canonical_json({"adam_step": st.adam_step, "step": st.step, "tokens": st.tokens}),
+            "meta/spike": canonical_json(st.spike.as_dict()), "meta/stream": canonical_json(stream_state)}
+    items += list(meta.items())
+    h = blake3.blake3(FORMAT)
+    for name, v in sorted(items, key=lambda kv: kv[0].encode()):
+        nb = name.encode()
+        if isinstance(v, torch.Tensor):
+            dt = str(v.dtype).split(".")[1].encode()
+            raw = v.contiguous().view({2: torch.int16, 4: torch.int32}[v.element_size()]).numpy().astype(
+                np.dtype(f"<i{v.element_size()}")).tobytes()
+            h.update(struct.pack("<I", len(nb)) + nb + bytes([0]) + struct.pack("<I", len(dt)) + dt
+                     + struct.pack("<I", v.dim()) + b"".join(struct.pack("<Q", s) for s in v.shape)
+                     + struct.pack("<Q", len(raw)) + raw)
+        else:
+            h.update(struct.pack("<I", len(nb)) + nb + bytes([1]) + struct.pack("<Q", len(v)) + v)
+    return h.digest()
+
+
+def test_hash_follows_the_documented_serialization():
+    st = _state()
+    stream_state = {"window": 8, "format": "stream-state/1"}
+    got = state_hash(state_entries(st, '{"x":1}', "code", stream_state))
+    assert got == _independent_hash(st, '{"x":1}', "code", stream_state)
+
+
+def test_every_part_of_the_state_changes_the_hash():
+    base = state_hash(state_entries(_state(), "{}", "c", {"window": 8}))
+    changes = []
+    for mutate in (lambda s: s.params["b.weight"].view(torch.int16).__setitem__((1, 2), 1),
+                   lambda s: s.m["a.s_x"].fill_(1e-30), lambda s: s.v["b.weight"].__setitem__((0, 0), -0.0),
+                   lambda s: s.grads["b.weight"].__setitem__((1, 1), 1.0),
+                   lambda s: setattr(s, "adam_step", 2), lambda s: setattr(s, "tokens", 513),
+                   lambda s: setattr(s, "step", 5), lambda s: setattr(s.spike, "remaining", 0)):
+        st = _state()
+        mutate(st)
+        changes.append(state_hash(state_entries(st, "{}", "c", {"window": 8})))
+    changes.append(state_hash(state_entries(_state(), "{ }", "c", {"window": 8})))
+    changes.append(state_hash(state_entries(_state(), "{}", "d", {"window": 8})))
+    changes.append(state_hash(state_entries(_state(), "{}", "c", {"window": 9})))
+    assert base not in changes and len(set(changes)) == len(changes)
+
+
+def test_insertion_order_does_not_matter_and_the_chain_links():
+    st = _state()
+    e1 = state_entries(st, "{}", "c", {})
+    e2 = dict(reversed(list(e1.items())))
+    assert state_hash(e1) == state_hash(e2)
+    s = state_hash(e1)
+    assert chain(ZERO, s) == blake3.blake3(bytes(32) + s).digest()
+    assert chain(chain(ZERO, s), s) != chain(ZERO, s)
+
+
+def test_fast_digests_equal_the_kernels_definition():
+    from app.digests import digest_many as fast
+    from kernels.digest import digest_many as ref
+
+    named = {"w": torch.linspace(-1, 1, 7921).to(torch.bfloat16).reshape(89, 89), "s": torch.tensor(0.5),
+             "e": torch.zeros(0, 3), "i": torch.arange(5)}
+    assert fast(named) == ref(named)
