@@ -163,6 +163,7 @@ def main(argv=None) -> int:
         floor = nbytes / NOMINAL_BW * 1e3
         rows.append(dict(op=name, shape=shape, bytes=nbytes, triton_ms=t_ms, stock_ms=s_ms, ref_ms=r_ms,
                          floor_ms=floor, floor_measured_bw_ms=nbytes / bw * 1e3))
+        print(json.dumps(rows[-1]), flush=True)  # each row as it comes, in case a later one fails
         table.add_row(name, shape, f"{t_ms:.3f}", f"{s_ms:.3f}", f"{r_ms:.3f}", f"{floor:.3f}",
                       f"{t_ms / s_ms:.2f}x", f"{r_ms / t_ms:.1f}x", f"{floor / t_ms:.0%}")
     Console().print(table)

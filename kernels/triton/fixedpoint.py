@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton.ieee import INF, NAN, frexp_exponent, isfinite, pow2, rint
+from kernels.triton.ieee import INF, frexp_exponent, isfinite, nan_f64, pow2, rint
 
 # non-finite addends seen, as bits: their sum is order-free (nan wins; +inf with -inf is nan)
 HAS_NAN = tl.constexpr(1)
@@ -42,7 +42,7 @@ def nonfinite_sum(flags):
     pinf = (flags & HAS_PINF) != 0
     ninf = (flags & HAS_NINF) != 0
     v = tl.where(pinf, INF, tl.where(ninf, -INF, 0.0))
-    return tl.where(((flags & HAS_NAN) != 0) | (pinf & ninf), NAN, v)
+    return tl.where(((flags & HAS_NAN) != 0) | (pinf & ninf), nan_f64(), v)
 
 
 @triton.jit

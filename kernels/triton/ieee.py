@@ -12,7 +12,6 @@ import triton.language as tl
 from kernels.triton.launch import INTERPRET
 
 INF = tl.constexpr(float("inf"))
-NAN = tl.constexpr(float("nan"))
 
 if INTERPRET:
     @triton.jit
@@ -73,3 +72,9 @@ def frexp_exponent(a):
 def isfinite(x):
     """x is neither inf nor nan."""
     return tl.abs(x) < INF
+
+
+@triton.jit
+def nan_f64():
+    """A quiet float64 NaN, from its bits (a NaN constexpr global fails Triton's changed-global check)."""
+    return tl.full([], 0x7FF8000000000000, tl.int64).to(tl.float64, bitcast=True)

@@ -13,7 +13,7 @@ import triton.language as tl
 from kernels.ref import fixed as ref_fixed, softmax as ref
 from kernels.triton.elementary import exp64
 from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
-from kernels.triton.ieee import INF, NAN, div_rn
+from kernels.triton.ieee import INF, div_rn, nan_f64
 from kernels.triton.launch import BR_OPTIONS, on_triton, pow2_at_least
 
 F32 = torch.float32
@@ -27,7 +27,7 @@ def _exp_shifted(x_row, idx, n, m64):
     return tl.where(idx < n, e, 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "top"])
 def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * n
@@ -38,7 +38,7 @@ def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr):
         x = tl.load(x_row + idx, mask=idx < n, other=-INF)
         mx = tl.maximum(mx, x)
         nan = nan | (x != x).to(tl.int32)
-    m = tl.where(tl.max(nan, 0) != 0, NAN, tl.max(mx, 0))  # torch.amax propagates NaN
+    m = tl.where(tl.max(nan, 0) != 0, nan_f64().to(tl.float32), tl.max(mx, 0))  # torch.amax propagates NaN
     m64 = m.to(tl.float64)
     # e is computed once and parked in y: the later passes re-read it from cache, not recompute exp64
     y_row = y_ptr + row * n
@@ -65,7 +65,7 @@ def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr):
         tl.store(y_row + idx, tl.load(y_row + idx, mask=idx < n, other=0.0) * r, mask=idx < n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "top"])
 def _backward_kernel(y_ptr, g_ptr, dx_ptr, n, top, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     y_row, g_row = y_ptr + row * n, g_ptr + row * n
