@@ -1,8 +1,9 @@
 """Triton twins of the exact reductions in kernels/ref/reduce.py: exact_sum, exact_mean, sum, mean.
 
-Rows are split over programs: pass 1 takes each split's largest finite magnitude and non-finite flags,
-pass 2 adds each split's int64 fixed-point addends at the row's scale, pass 3 adds the splits' integers
-and rounds once. Any split count gives the same bits (integer addition is associative).
+Many rows: one program per row does both passes (largest finite magnitude and non-finite flags, then
+the int64 fixed-point sum at the row's scale, the row re-read from cache). Few long rows: rows are split
+over programs, pass 1 takes each split's largest magnitude, pass 2 each split's int64 sum at the row's
+scale, pass 3 adds the splits' integers and rounds once. Any split count gives the same bits.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ BLOCK = 1024
 TARGET_PROGRAMS = 1024  # enough programs to fill 132 SMs several times over
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "span", "S"])
 def _stats_kernel(x_ptr, amax_ptr, flags_ptr, n, span, S, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
@@ -39,7 +40,7 @@ def _stats_kernel(x_ptr, amax_ptr, flags_ptr, n, span, S, BLOCK: tl.constexpr):
     tl.store(flags_ptr + row * S + part, or_reduce(fl, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "span", "S", "top"])
 def _sum_kernel(x_ptr, amax_ptr, part_ptr, n, span, S, top, S_POW2: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
@@ -56,6 +57,15 @@ def _sum_kernel(x_ptr, amax_ptr, part_ptr, n, span, S, top, S_POW2: tl.constexpr
 
 
 @triton.jit
+def _result(total, s, fl, scale_bits, dt, HAS_SCALE: tl.constexpr):
+    """The int64 total at scale s back to float (one rounding), times the host double, as dtype dt."""
+    out = from_fixed(total, s)
+    if HAS_SCALE:
+        out = out * scale_bits.to(tl.int64).to(tl.float64, bitcast=True)  # the host double, bit for bit
+    return tl.where(fl != 0, nonfinite_sum(fl).to(dt), out.to(dt))
+
+
+@triton.jit(do_not_specialize=["S", "top", "scale_bits"])
 def _finish_kernel(amax_ptr, flags_ptr, part_ptr, out_ptr, S, top, scale_bits,
                    HAS_SCALE: tl.constexpr, S_POW2: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -64,12 +74,28 @@ def _finish_kernel(amax_ptr, flags_ptr, part_ptr, out_ptr, S, top, scale_bits,
     s = scale_shift(tl.max(tl.load(amax_ptr + row * S + j, mask=on, other=0.0), 0), top)
     total = tl.sum(tl.load(part_ptr + row * S + j, mask=on, other=0), 0)
     fl = or_reduce(tl.load(flags_ptr + row * S + j, mask=on, other=0), 0)
-    out = from_fixed(total, s)
-    if HAS_SCALE:
-        out = out * scale_bits.to(tl.int64).to(tl.float64, bitcast=True)  # the host double, bit for bit
-    dt = out_ptr.dtype.element_ty
-    out = tl.where(fl != 0, nonfinite_sum(fl).to(dt), out.to(dt))
-    tl.store(out_ptr + row, out)
+    tl.store(out_ptr + row, _result(total, s, fl, scale_bits, out_ptr.dtype.element_ty, HAS_SCALE))
+
+
+@triton.jit(do_not_specialize=["n", "top", "scale_bits"])
+def _row_kernel(x_ptr, out_ptr, n, top, scale_bits, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    """A whole row in one program (many rows): both passes in one launch, the second from cache."""
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * n
+    amax = tl.zeros([BLOCK], tl.float64)
+    fl = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        v = tl.load(base + idx, mask=idx < n, other=0.0).to(tl.float64)
+        amax = tl.maximum(amax, finite_abs(v))
+        fl = fl | flags_of(v)
+    s = scale_shift(tl.max(amax, 0), top)
+    acc = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        acc += to_fixed(tl.load(base + idx, mask=idx < n, other=0.0).to(tl.float64), s)
+    tl.store(out_ptr + row, _result(tl.sum(acc, 0), s, or_reduce(fl, 0), scale_bits, out_ptr.dtype.element_ty,
+                                    HAS_SCALE))
 
 
 def _double_bits(v: float) -> int:
@@ -86,10 +112,14 @@ def row_sum(x2: torch.Tensor, out_dtype: torch.dtype, scale: float | None = None
     s = cdiv(n, span)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(n)
     dev = x2.device
+    out = torch.empty(r, dtype=out_dtype, device=dev)
+    if s == 1 and splits is None:  # rows enough to fill the GPU: one launch, one program per row
+        _row_kernel[(r,)](x2, out, n, top, _double_bits(scale or 0.0), HAS_SCALE=scale is not None,
+                          BLOCK=min(pow2_at_least(n), 2048), **BR_OPTIONS)
+        return out
     amax = torch.empty(r, s, dtype=torch.float64, device=dev)
     flags = torch.empty(r, s, dtype=torch.int32, device=dev)
     parts = torch.empty(r, s, dtype=torch.int64, device=dev)
-    out = torch.empty(r, dtype=out_dtype, device=dev)
     sp = pow2_at_least(s)
     _stats_kernel[(r, s)](x2, amax, flags, n, span, s, BLOCK=BLOCK, **BR_OPTIONS)
     _sum_kernel[(r, s)](x2, amax, parts, n, span, s, top, S_POW2=sp, BLOCK=BLOCK, **BR_OPTIONS)

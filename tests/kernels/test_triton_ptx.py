@@ -49,6 +49,8 @@ KERNELS = {
     "sum_finish": (reduce._finish_kernel, {"amax_ptr": P64, "flags_ptr": I32, "part_ptr": I64, "out_ptr": P32,
                                            "S": "i32", "top": "i32", "scale_bits": "i64"},
                    dict(HAS_SCALE=True, S_POW2=4)),
+    "sum_row": (reduce._row_kernel, {"x_ptr": P32, "out_ptr": P32, "n": "i32", "top": "i32", "scale_bits": "i64"},
+                dict(HAS_SCALE=True, BLOCK=2048)),
     "rmsnorm_fwd": (rmsnorm._forward_kernel, {"x_ptr": P32, "w_ptr": P32, "y_ptr": P32, "rstd_ptr": P32, "D": "i32",
                                               "top": "i32", "inv_bits": "i64", "eps": "fp32"},
                     dict(HAS_W=True, BLOCK=2048)),
