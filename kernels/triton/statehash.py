@@ -16,10 +16,9 @@ from kernels.triton.launch import cdiv
 
 CHUNK = 1024
 LANES = 128  # chunks per program
-IV0, IV1, IV2, IV3 = tl.constexpr(0x6A09E667), tl.constexpr(0xBB67AE85), tl.constexpr(0x3C6EF372), tl.constexpr(0xA54FF53A)
-IV4, IV5, IV6, IV7 = tl.constexpr(0x510E527F), tl.constexpr(0x9B05688C), tl.constexpr(0x1F83D9AB), tl.constexpr(0x5BE0CD19)
-CHUNK_START, CHUNK_END, PARENT, ROOT = 1, 2, 4, 8
+# BLAKE3's IV (SHA-256's); domain flags used below: CHUNK_START 1, CHUNK_END 2, PARENT 4, ROOT 8
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
+IV0, IV1, IV2, IV3, IV4, IV5, IV6, IV7 = (tl.constexpr(v) for v in IV)
 
 
 @triton.jit
@@ -97,7 +96,7 @@ def _word(w_ptr, idx, mask):
     return tl.load(w_ptr + idx, mask=mask, other=0).to(tl.uint32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_bytes", "n_chunks"])
 def _chunk_kernel(w_ptr, cv_ptr, n_bytes, n_chunks, IS_ROOT: tl.constexpr, LANES: tl.constexpr):
     """Chaining value of each 1 KiB chunk (one chunk per lane); with IS_ROOT, the single chunk's digest."""
     c = tl.program_id(0).to(tl.int64) * LANES + tl.arange(0, LANES)
@@ -137,9 +136,9 @@ def _chunk_kernel(w_ptr, cv_ptr, n_bytes, n_chunks, IS_ROOT: tl.constexpr, LANES
         m15 = _word(w_ptr, w + 15, ok & (w + 15 < n_words))
         block_len = tl.minimum(tl.maximum(chunk_len - b * 64, 0), 64).to(tl.uint32)
         last = b == n_blocks - 1
-        flags = tl.where(b == 0, 1, 0) | tl.where(last, 2, 0)
+        flags = tl.where(b == 0, 1, 0) | tl.where(last, 2, 0)  # CHUNK_START, CHUNK_END
         if IS_ROOT:
-            flags = flags | tl.where(last, 8, 0)
+            flags = flags | tl.where(last, 8, 0)  # ROOT: the whole input is this one chunk
         g0, g1, g2, g3, g4, g5, g6, g7 = _compress(h0, h1, h2, h3, h4, h5, h6, h7,
                                                    m0, m1, m2, m3, m4, m5, m6, m7,
                                                    m8, m9, m10, m11, m12, m13, m14, m15,
@@ -157,7 +156,7 @@ def _chunk_kernel(w_ptr, cv_ptr, n_bytes, n_chunks, IS_ROOT: tl.constexpr, LANES
     tl.store(out + 7, h7.to(tl.int32, bitcast=True), mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _parent_kernel(cv_in, cv_out, n, IS_ROOT: tl.constexpr, LANES: tl.constexpr):
     """One tree level: node i = parent(2i, 2i+1), or node 2i carried up when it has no right sibling."""
     i = tl.program_id(0).to(tl.int64) * LANES + tl.arange(0, LANES)

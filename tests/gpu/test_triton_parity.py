@@ -106,7 +106,8 @@ def test_unary_every_float32_class(op):
     bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
     x = bits.view(torch.float32)
     specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -1e-45, 1.1754942e-38,
-                             88.72283, 88.72284, -103.97208, -103.9721, 709.9, -745.5, 3.4028235e38], dtype=torch.float32)
+                             88.72283, 88.72284, -103.97208, -103.9721, 709.9, -745.5, 3.4028235e38],
+                            dtype=torch.float32)
     x = torch.cat([x, specials])
     g = normal(tuple(x.shape), op, "bits-g")
     three_ways(getattr(t_el, op), getattr(r_el, op), [x], g)
@@ -138,7 +139,8 @@ def test_exact_sum_float64_and_any_split_count():
 
 def test_sum_nonfinite_rows():
     x = normal((4, 5000), "nonfinite")
-    x[0, 17], x[1, 4000], x[2, 5], x[2, 6], x[3, 9] = float("inf"), -float("inf"), float("inf"), -float("inf"), float("nan")
+    inf, nan = float("inf"), float("nan")
+    x[0, 17], x[1, 4000], x[2, 5], x[2, 6], x[3, 9] = inf, -inf, inf, -inf, nan
     assert mismatches(t_reduce.exact_sum(x.to(CUDA)), r_reduce.exact_sum(x.to(CUDA))) == 0
 
 
