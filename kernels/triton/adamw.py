@@ -19,7 +19,7 @@ F32 = torch.float32
 BLOCK = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _step_kernel(p_ptr, g_ptr, m_ptr, v_ptr, k_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n

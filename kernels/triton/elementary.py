@@ -96,7 +96,7 @@ def silu_grad_f32(x):
     return s * (1.0 + x * (1.0 - s))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _forward_kernel(x_ptr, y_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -114,7 +114,7 @@ def _forward_kernel(x_ptr, y_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, y, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _backward_kernel(g_ptr, s_ptr, dx_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
     """dx from the upstream g and the saved tensor s (the output y, or the input x for silu)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -59,7 +59,7 @@ def _row_mean(g_row, x_row, w_ptr, rstd, D, top, inv_bits,
     return tl.where(f != 0, nonfinite_sum(f).to(tl.float32), mean)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["D", "top", "inv_bits"])
 def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, D, top, inv_bits, eps,
                     HAS_W: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -76,7 +76,7 @@ def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, D, top, inv_bits, eps,
         tl.store(y_ptr + row * D + idx, y, mask=idx < D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["D", "top", "inv_bits"])
 def _dx_kernel(g_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, D, top, inv_bits,
                HAS_W: tl.constexpr, BLOCK: tl.constexpr):
     """dx = (gh - xhat * c) * rstd with c the exact mean of gh * xhat (gh = g * w, xhat = x * rstd)."""
@@ -102,7 +102,7 @@ def _dw_tile(g_ptr, x_ptr, rstd_ptr, r0, cols, R, D, ROWS: tl.constexpr):
     return g.to(tl.float64) * (x * rstd[:, None]).to(tl.float64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "D", "span"])
 def _dw_stats_kernel(g_ptr, x_ptr, rstd_ptr, amax_ptr, flags_ptr, R, D, span,
                      ROWS: tl.constexpr, BLOCK: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -124,7 +124,7 @@ def _col_max(amax_ptr, cols, S, D, S_POW2: tl.constexpr):
     return tl.max(a, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "D", "span", "S", "top"])
 def _dw_sum_kernel(g_ptr, x_ptr, rstd_ptr, amax_ptr, part_ptr, R, D, span, S, top,
                    S_POW2: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -137,7 +137,7 @@ def _dw_sum_kernel(g_ptr, x_ptr, rstd_ptr, amax_ptr, part_ptr, R, D, span, S, to
     tl.store(part_ptr + part * D + cols, acc, mask=cols < D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["D", "S", "top"])
 def _dw_finish_kernel(amax_ptr, flags_ptr, part_ptr, dw_ptr, D, S, top, S_POW2: tl.constexpr, BLOCK: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     j = tl.arange(0, S_POW2)

@@ -14,7 +14,7 @@ from kernels.ref import rope as ref
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "T", "H"])
 def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, n_rows, T, H,
                    NEG_SIN: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)

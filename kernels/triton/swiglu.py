@@ -13,7 +13,7 @@ from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
 BLOCK = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["F"])
 def _forward_kernel(x_ptr, y_ptr, F, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -23,7 +23,7 @@ def _forward_kernel(x_ptr, y_ptr, F, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * F + col, silu_f32(gate) * up, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["F"])
 def _backward_kernel(x_ptr, g_ptr, dx_ptr, F, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
