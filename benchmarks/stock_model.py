@@ -1,0 +1,78 @@
+"""The same model in stock PyTorch float32 (nn.Linear, SDPA, torch RMSNorm, torch.optim.AdamW): the speed
+baseline of benchmarks/train_step.py. Same shapes, same recipe; no BR ops, no int8, no hashing."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from app.config import ModelConfig
+
+
+def _rope(t: int, hd: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
+    return ang.cos().float(), ang.sin().float()
+
+
+def _rot(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, c: ModelConfig, i: int) -> None:
+        super().__init__()
+        self.c, self.i = c, i
+        d, hd = c.d_model, c.head_dim
+        self.attn_norm, self.ffn_norm = nn.RMSNorm(d, eps=c.norm_eps), nn.RMSNorm(d, eps=c.norm_eps)
+        self.wqkv = nn.Linear(d, (c.n_heads + 2 * c.n_kv_heads) * hd, bias=False)
+        self.wo = nn.Linear(c.n_heads * hd, d, bias=False)
+        self.w_gate_up = nn.Linear(d, 2 * c.ffn_hidden, bias=False)
+        self.w_down = nn.Linear(c.ffn_hidden, d, bias=False)
+
+    def forward(self, h: torch.Tensor, rope, mask: torch.Tensor | None) -> torch.Tensor:
+        c = self.c
+        b, t, _ = h.shape
+        q, k, v = self.wqkv(self.attn_norm(h)).split(
+            [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim], dim=-1)
+        q = q.view(b, t, c.n_heads, c.head_dim).transpose(1, 2)
+        k = k.view(b, t, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        v = v.view(b, t, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        q = _rot(F.rms_norm(q, (c.head_dim,), eps=c.norm_eps), *rope)
+        k = _rot(F.rms_norm(k, (c.head_dim,), eps=c.norm_eps), *rope)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        h = h + self.wo(o.transpose(1, 2).reshape(b, t, -1))
+        g, u = self.w_gate_up(self.ffn_norm(h)).chunk(2, dim=-1)
+        return h + self.w_down(F.silu(g) * u)
+
+
+class StockModel(nn.Module):
+    """Dense OPEN-1B-shaped transformer in plain float32 PyTorch."""
+
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.embed_norm, self.final_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps), nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.trunc_normal_(p, std=c.init_std, a=-2 * c.init_std, b=2 * c.init_std)
+        self.rope = _rope(c.seq_len, c.head_dim, c.rope_theta)
+
+    def forward(self, ids: torch.Tensor, z_loss: float = 1e-4) -> torch.Tensor:
+        x, y = ids[:, :-1], ids[:, 1:]
+        t = x.shape[1]
+        h = self.embed_norm(self.embed(x))
+        i = torch.arange(t)
+        for blk in self.blocks:
+            w = self.c.window_of(blk.i)
+            mask = None if w is None else (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - w)
+            h = blk(h, (self.rope[0][:t], self.rope[1][:t]), mask)
+        logits = self.head(self.final_norm(h)).flatten(0, 1)
+        lse = torch.logsumexp(logits, dim=-1)
+        ce = F.cross_entropy(logits, y.flatten())
+        return ce + z_loss * (lse * lse).mean()
