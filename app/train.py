@@ -57,13 +57,14 @@ class Trainer:
         self.code = code_version()
         self.config_json = canonical_json(cfg.to_dict()).decode()
         self.ctx = StepContext.build(cfg, opts.device)
-        self._open_run_dir(resume)
+        # everything that can refuse the config is checked before the run directory is touched
         self.stream = stream.open_stream(cfg.train.corpus, seq_len=cfg.model.seq_len, seed=cfg.train.seed)
         vocab = self.stream.manifest.vocab_size
         if vocab != cfg.model.vocab_size:
             raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size}, but corpus {cfg.train.corpus} has a "
                               f"{vocab}-token tokenizer")
         self.heldout = heldout_tokens(cfg, self.ctx.device)
+        self._open_run_dir(resume)
         self.metrics = JsonlLog(self.out / METRICS)
         self.expected: dict[int, dict] = {}
         self.state, self.prev = self._resume() if resume else self._fresh()
@@ -170,6 +171,11 @@ class Trainer:
         o = self.opts
         if self.state.step >= o.steps:
             raise ConfigError(f"--steps {o.steps}: the run is already at step {self.state.step}")
+        t = self.cfg.train
+        end = self.ctx.batch.window_range(o.steps - 1)[1]
+        if t.heldout_windows and end > t.heldout_window:
+            raise ConfigError(f"--steps {o.steps}: would read windows up to {end}, past train.heldout_window="
+                              f"{t.heldout_window} (the held-out slice); train fewer steps or move the slice")
         first = self.state.step
         if first == 0 and o.eval_every:
             self.evaluate()

@@ -35,9 +35,9 @@ def eight(tiny):
 
 @pytest.mark.slow
 def test_exact_reduction_gives_the_same_bits_on_every_topology(eight):
-    ref = _run(eight, Topology(1, 1))
+    ref = _run(eight, Topology(1, 1), 1)
     for shape in SHAPES[1:]:
-        assert _run(eight, Topology(*shape)) == ref, shape
+        assert _run(eight, Topology(*shape), 1) == ref, shape
 
 
 @pytest.mark.slow
@@ -69,3 +69,10 @@ def test_spike_protocol_skips_the_trigger_and_four_more():
                        False, True, True]  # a trigger inside the window (step 10) re-arms it to five
     assert (sp.events, sp.skipped, sp.remaining) == (3, 12, 0)
     assert spike_decision(5.0, SpikeState(), cfg)[0]  # "exceeds": 5.0 itself is applied
+
+
+def test_training_refuses_to_reach_the_held_out_slice(tiny, tmp_path):
+    from app.train import TrainOptions, train
+
+    with pytest.raises(ConfigError, match="heldout_window"):
+        train(tiny, tmp_path / "r", TrainOptions(steps=2000, progress=False))
