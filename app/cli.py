@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -124,4 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    from app.errors import AppError
+    try:
+        return int(args.func(args) or 0)
+    except AppError as e:  # the project's errors name the file, tensor or field: the message is the report
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2

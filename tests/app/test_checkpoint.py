@@ -110,3 +110,16 @@ def test_an_existing_run_directory_is_never_overwritten(tiny, tmp_path):
     with pytest.raises(RunDirError, match="--resume"):
         Trainer(tiny, tmp_path / "missing", TrainOptions(steps=1, progress=False), resume=True)
     shutil.rmtree(out)
+
+
+def test_cli_refuses_an_existing_run_directory_with_a_clear_message(tiny, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "taken"
+    out.mkdir()
+    res = subprocess.run([sys.executable, "-m", "app", "train", "--config", "tiny", "--corpus", tiny.train.corpus,
+                          "--steps", "1", "--out", str(out), "--no-progress"], cwd=Path(__file__).parents[2],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "RunDirError" in res.stderr and "--resume" in res.stderr
+    assert list(out.iterdir()) == []
