@@ -1,4 +1,5 @@
-"""`make demo`: build the embedded corpus if missing, train the tiny model on it, write the report."""
+"""`make demo`: the op library's self-check, then the tiny model trained on the embedded corpus (built if
+missing), then its report."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,10 +16,13 @@ def _free_run_dir(base: str = "runs/demo") -> str:
 
 
 def main(steps: int = 200, out: str | None = None) -> int:
+    from kernels.selfcheck import main as selfcheck
     from stream import data_cli
 
     from app import report, train
 
+    if selfcheck([]):
+        return 1  # no training on an op library that fails its own digests or bounds
     corpus = Path(TINY.train.corpus)
     if not (corpus / "manifest.json").is_file():
         data_cli.build_demo_main(str(corpus), TINY.model.vocab_size)
