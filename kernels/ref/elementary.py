@@ -157,118 +157,34 @@ def cos_(x: torch.Tensor) -> torch.Tensor:
 
 # --- autograd wrappers: forward above, backward from the saved output with float32 ops ---
 
-class _Exp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = exp_(x)
-        ctx.save_for_backward(y)
+def _unary(name: str, forward, grad, save_input: bool):
+    """An autograd Function: `forward` on float32, backward `grad(g, saved)` from the saved input or output."""
+    def fwd(ctx, x):
+        y = forward(x)
+        ctx.save_for_backward(x if save_input else y)
         return y
 
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y
+    def bwd(ctx, g):
+        return grad(g, ctx.saved_tensors[0])
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
 
 
-class _Log(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return log_(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g / x
+def _silu_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    s = sigmoid_(x)
+    return g * (s * (1.0 + x * (1.0 - s)))
 
 
-class _Sqrt(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = sqrt_(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g / (y + y)
-
-
-class _Rsqrt(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = rsqrt_(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * (((y * y) * y) * -0.5)
-
-
-class _Reciprocal(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = reciprocal_(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return -(g * (y * y))
-
-
-class _Sigmoid(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = sigmoid_(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * (y * (1.0 - y))
-
-
-class _Silu(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return silu_(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        s = sigmoid_(x)
-        return g * (s * (1.0 + x * (1.0 - s)))
-
-
-class _Sin(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return sin_(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * cos_(x)
-
-
-class _Cos(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return cos_(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return -(g * sin_(x))
+# backward formulas: fixed float32 op order, so every device rounds the same way
+_Exp = _unary("_Exp", exp_, lambda g, y: g * y, save_input=False)
+_Log = _unary("_Log", log_, lambda g, x: g / x, save_input=True)
+_Sqrt = _unary("_Sqrt", sqrt_, lambda g, y: g / (y + y), save_input=False)
+_Rsqrt = _unary("_Rsqrt", rsqrt_, lambda g, y: g * (((y * y) * y) * -0.5), save_input=False)
+_Reciprocal = _unary("_Reciprocal", reciprocal_, lambda g, y: -(g * (y * y)), save_input=False)
+_Sigmoid = _unary("_Sigmoid", sigmoid_, lambda g, y: g * (y * (1.0 - y)), save_input=False)
+_Silu = _unary("_Silu", silu_, _silu_grad, save_input=True)
+_Sin = _unary("_Sin", sin_, lambda g, x: g * cos_(x), save_input=True)
+_Cos = _unary("_Cos", cos_, lambda g, x: -(g * sin_(x)), save_input=True)
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
