@@ -1,5 +1,9 @@
-"""Tensor digests as kernels.digest defines them (same values), hashed without copies and on several threads."""
+"""Tensor digests as kernels.digest defines them (same values): on CPU tensors hashed without copies and on
+several threads; on CUDA tensors hashed on the GPU (kernels/triton/statehash.py, the standard BLAKE3 tree),
+so only 32-byte digests cross to the host."""
 from __future__ import annotations
+
+import functools
 
 import blake3
 import numpy as np
@@ -14,8 +18,25 @@ def le_array(t: torch.Tensor) -> np.ndarray:
     return arr.astype(arr.dtype.newbyteorder("<"), copy=False)
 
 
+@functools.cache
+def _gpu_blake3():
+    """kernels.triton.statehash where Triton is installed, else None (the host path then copies)."""
+    try:
+        from kernels.triton import statehash
+    except ImportError:
+        return None
+    return statehash
+
+
+def gpu_hasher(t: torch.Tensor):
+    """The on-device BLAKE3 module for a CUDA tensor when Triton can run it, else None."""
+    return _gpu_blake3() if t.is_cuda else None
+
+
 def tensor_digest(t: torch.Tensor) -> str:
     """kernels.digest.tensor_digest's value, hashed without copying the bytes and on several threads."""
+    if (gpu := gpu_hasher(t)) is not None:
+        return gpu.tensor_digest(t)
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
     h.update(f"{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
     arr = le_array(t)

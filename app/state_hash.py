@@ -12,6 +12,8 @@ moments), `grad/<name>` (the step's post-clip float32 gradients), and `meta/code
     state_t = blake3(b"open-1b-state/1" | entries)
     chain_t = blake3(chain_{t-1} | state_t)        (raw 32-byte digests; chain_{-1} = 32 zero bytes)
 The chain of the initial state (step -1: init params, zero moments and grads) anchors every run.
+On CUDA the same bytes are laid out in one device buffer and hashed there (kernels/triton/statehash.py):
+the digest is identical, and only 32 bytes reach the host.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pathlib import Path
 import blake3
 import torch
 
-from app.digests import le_array
+from app.digests import gpu_hasher, le_array
 from app.step import TrainState
 
 FORMAT = b"open-1b-state/1"
@@ -49,19 +51,30 @@ def canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def _tensor_entry(h, name: str, t: torch.Tensor) -> None:
+def _tensor_head(name: str, t: torch.Tensor) -> bytes:
+    """An entry's bytes before the tensor's: name, kind 0, dtype, shape, byte count."""
     nb = name.encode()
     dt = str(t.dtype).removeprefix("torch.").encode()
     head = struct.pack("<I", len(nb)) + nb + b"\0" + struct.pack("<I", len(dt)) + dt + struct.pack("<I", t.dim())
     head += b"".join(struct.pack("<Q", int(s)) for s in t.shape)
-    arr = le_array(t)
-    h.update(head + struct.pack("<Q", arr.nbytes))
-    h.update(memoryview(arr).cast("B") if arr.nbytes else b"")
+    return head + struct.pack("<Q", t.numel() * t.element_size())
 
 
-def _bytes_entry(h, name: str, data: bytes) -> None:
+def _bytes_head(name: str, data: bytes) -> bytes:
     nb = name.encode()
-    h.update(struct.pack("<I", len(nb)) + nb + b"\1" + struct.pack("<Q", len(data)) + data)
+    return struct.pack("<I", len(nb)) + nb + b"\1" + struct.pack("<Q", len(data))
+
+
+def _pieces(entries: dict[str, object]) -> list:
+    """The serialization (module doc) as a list of host bytes and tensors, in order."""
+    out: list = [FORMAT]
+    for name in sorted(entries, key=lambda s: s.encode()):
+        v = entries[name]
+        if isinstance(v, torch.Tensor):
+            out += [_tensor_head(name, v), v]
+        else:
+            out += [_bytes_head(name, v) + v]
+    return out
 
 
 def state_entries(state: TrainState, config_json: str, code: str, stream_state: dict) -> dict[str, object]:
@@ -78,17 +91,45 @@ def state_entries(state: TrainState, config_json: str, code: str, stream_state: 
     return out
 
 
-def state_hash(entries: dict[str, object]) -> bytes:
-    """blake3 (raw 32 bytes) of the canonical serialization of `entries` (module doc)."""
+def _host_hash(pieces: list) -> bytes:
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # the digest does not depend on the thread count
-    h.update(FORMAT)
-    for name in sorted(entries, key=lambda s: s.encode()):
-        v = entries[name]
-        if isinstance(v, torch.Tensor):
-            _tensor_entry(h, name, v)
+    for p in pieces:
+        if isinstance(p, torch.Tensor):
+            arr = le_array(p)
+            if arr.nbytes:
+                h.update(memoryview(arr).cast("B"))
         else:
-            _bytes_entry(h, name, v)
+            h.update(p)
     return h.digest()
+
+
+def _device_hash(pieces: list, gpu) -> bytes:
+    """The same bytes laid out in one device buffer (tensors copied device-to-device), hashed on the GPU."""
+    device = next(p.device for p in pieces if isinstance(p, torch.Tensor))
+    host = b"".join(p for p in pieces if not isinstance(p, torch.Tensor))
+    host_dev = torch.frombuffer(bytearray(host), dtype=torch.uint8).to(device)
+    sizes = [p.numel() * p.element_size() if isinstance(p, torch.Tensor) else len(p) for p in pieces]
+    n = sum(sizes)
+    buf = torch.zeros((n + 3) // 4 * 4, dtype=torch.uint8, device=device)
+    at = hat = 0
+    for p, size in zip(pieces, sizes):
+        if isinstance(p, torch.Tensor):
+            if p.device != device:
+                raise ValueError(f"state_hash: tensors on {device} and {p.device}; hash one device's state")
+            buf[at:at + size] = p.detach().contiguous().reshape(-1).view(torch.uint8)  # CUDA is little-endian
+        else:
+            buf[at:at + size] = host_dev[hat:hat + size]
+            hat += size
+        at += size
+    return gpu.blake3_words(buf.view(torch.int32), n).cpu().numpy().astype("<i4").tobytes()
+
+
+def state_hash(entries: dict[str, object]) -> bytes:
+    """blake3 (raw 32 bytes) of the canonical serialization of `entries` (module doc), on the state's device."""
+    pieces = _pieces(entries)
+    first = next((p for p in pieces if isinstance(p, torch.Tensor)), None)
+    gpu = gpu_hasher(first) if first is not None else None
+    return _device_hash(pieces, gpu) if gpu is not None else _host_hash(pieces)
 
 
 def chain(prev: bytes, state: bytes) -> bytes:

@@ -31,3 +31,17 @@ def test_tensor_digests_match_kernels_digest():
     for name, t in named.items():
         assert statehash.tensor_digest(t.cuda()) == digest.tensor_digest(t), name
     assert statehash.digest_many({k: v.cuda() for k, v in named.items()}) == digest.digest_many(named)
+
+
+def test_state_hash_on_device_equals_host():
+    """app.state_hash over a CUDA state (hashed in one device buffer) equals the host serialization's."""
+    from app.digests import digest_many as app_digest_many
+    from app.state_hash import state_hash
+
+    entries = {"param/w": philox.normal(SEED, 2, (257, 129)).to(torch.bfloat16), "m/w": philox.normal(SEED, 3, (257, 129)),
+               "grad/odd": torch.arange(7, dtype=torch.uint8), "meta/config": b'{"a":1}', "meta/empty": b"",
+               "v/scalar": torch.tensor(2.5), "v/none": torch.zeros(0)}
+    on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in entries.items()}
+    assert state_hash(on_gpu) == state_hash(entries)
+    tensors = {k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}
+    assert app_digest_many({k: v.cuda() for k, v in tensors.items()}) == app_digest_many(tensors)
