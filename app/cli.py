@@ -75,6 +75,12 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def _quant(args: argparse.Namespace) -> int:
+    if args.quant_cmd == "run":
+        from quant.sequential import run_cli
+        return run_cli(args.model, args.out, layers=args.layers, target=args.target, hot_per_layer=args.hot_per_layer,
+                       gang=args.gang, updates=args.updates, micro_rows=args.micro_rows,
+                       reassign_every=args.reassign_every, emulate=args.emulate, boundary_weight=args.boundary_weight,
+                       calib_windows=args.calib_windows, compare=not args.no_compare, threads=args.threads)
     from quant.pipeline import fit_cli
     return fit_cli(args.model, args.layers, args.out, hot_count=args.hot_count, hot_share=args.hot_share,
                    hot_scope=args.hot_scope, text_weight=args.text_weight, held_out=args.held_out,
@@ -107,6 +113,21 @@ def _add_quant(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--ffn", type=int, default=128, help="synthetic: expert ffn size (multiple of 128)")
     f.add_argument("--tokens", type=int, default=4096, help="synthetic: captured tokens per layer")
     f.add_argument("--top-k", type=int, default=2, help="synthetic: experts per token")
+    r = qsub.add_parser("run", help="the sequential per-layer pipeline on a trained MoE run: fit, PV, gates, publish")
+    r.add_argument("--model", required=True, help="run directory of a trained MoE (e.g. runs/tiny-moe)")
+    r.add_argument("--out", required=True, help="output directory; a rerun resumes after its published layers")
+    r.add_argument("--layers", default=None, help="layer ids: 0, 0-1 or 0,1 (default: every MoE layer)")
+    r.add_argument("--target", choices=("reference", "same_input"), default="reference", help="PV target")
+    r.add_argument("--hot-per-layer", type=int, default=1, help="most-loaded experts per layer kept hot (default 1)")
+    r.add_argument("--gang", type=int, default=0, help="tune on N Ray actors sharing the experts (0: in process)")
+    r.add_argument("--updates", type=int, default=69, help="PV updates per layer (default 69)")
+    r.add_argument("--micro-rows", type=int, default=1024, help="tokens per PV microbatch (4 per update)")
+    r.add_argument("--reassign-every", type=int, default=20, help="updates between index reassignments (0: never)")
+    r.add_argument("--emulate", action="store_true", help="FP4 activation planes + fp16 SwiGLU cold arithmetic")
+    r.add_argument("--boundary-weight", type=float, default=1.0, help="loss weight of rows before a separator")
+    r.add_argument("--calib-windows", type=int, default=256, help="calibration training windows")
+    r.add_argument("--no-compare", action="store_true", help="skip the RTN/GPTQ 2-bit baselines")
+    r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     quant.set_defaults(func=_quant)
 
 
