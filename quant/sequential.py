@@ -101,15 +101,15 @@ def _load_cache(out: Path, layer: int, digest: str) -> dict | None:
     return {s: (t[f"{s}/student"], t[f"{s}/reference"]) for s in SPLITS}
 
 
-def _inputs(donor: Donor, spec: RunSpec) -> tuple[dict, dict, dict]:
-    from app.evaluate import heldout_tokens
-    cfg = calib.CalibConfig(**{**asdict(spec.calib), "corpus": donor.cfg.train.corpus,
-                               "seq_len": donor.cfg.model.seq_len})
-    held = heldout_tokens(donor.cfg)
-    data = calib.build(cfg, extra_held_out=held)
+def _inputs(donor: Donor, spec: RunSpec, data: dict | None) -> tuple[dict, dict, dict]:
+    if data is None:
+        from app.evaluate import heldout_tokens
+        cfg = calib.CalibConfig(**{**asdict(spec.calib), "corpus": donor.cfg.train.corpus,
+                                   "seq_len": donor.cfg.model.seq_len})
+        data = calib.build(cfg, extra_held_out=heldout_tokens(donor.cfg))
     traj = {s: (embed(donor, data[s][:, :-1]),) * 2 for s in SPLITS}
     weights = {s: row_weights(data[s][:, 1:], 0, spec.boundary_weight) for s in SPLITS}
-    return traj, weights, data["stats"]
+    return traj, weights, data.get("stats", {})
 
 
 def advance(donor: Donor, layer: int, traj: dict, cold_w: dict | None, emulate: bool, rope) -> dict:
@@ -122,18 +122,20 @@ def advance(donor: Donor, layer: int, traj: dict, cold_w: dict | None, emulate: 
     return out
 
 
-def run(spec: RunSpec, console: Console | None = None) -> dict:
-    """The pipeline; returns {layer: record}. Resumes from OUT's manifest."""
+def run(spec: RunSpec, console: Console | None = None, *, donor: Donor | None = None, data: dict | None = None,
+        cold: dict[int, list[int]] | None = None) -> dict:
+    """The pipeline; returns {layer: record}. Resumes from OUT's manifest. `donor`, `data` (calibration
+    windows per split) and `cold` (experts per layer) replace what spec.model would give (tests)."""
     console = console or Console()
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     log = _Log(out / "run_log.jsonl")
-    donor = load_donor(spec.model)
+    donor = donor or load_donor(spec.model)
     n_layers = donor.cfg.model.n_layers
     layers = sorted(spec.layers) if spec.layers is not None else list(range(n_layers))
     if not layers or layers[0] < 0 or layers[-1] >= n_layers:
         raise ConfigError(f"--layers: the model has layers 0..{n_layers - 1}, got {layers}")
-    cold = cold_from_load(expert_load(spec.model), spec.hot_per_layer)
+    cold = cold or cold_from_load(expert_load(spec.model), spec.hot_per_layer)
     manifest = store.read_manifest(out)
     fp = spec.fingerprint()
     for k, rec in manifest["layers"].items():
@@ -149,9 +151,9 @@ def run(spec: RunSpec, console: Console | None = None) -> dict:
         start = last + 1 if traj is not None else 0
         log("resume", published=done, from_cache=traj is not None)
     if traj is None:
-        traj, weights, stats = _inputs(donor, spec)
+        traj, weights, stats = _inputs(donor, spec, data)
     else:
-        _, weights, stats = _inputs(donor, spec)
+        _, weights, stats = _inputs(donor, spec, data)
     records = {int(k): v["meta"] for k, v in manifest["layers"].items()}
     gang = None
     try:

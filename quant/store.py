@@ -50,7 +50,9 @@ def to_bytes(p: RVQProjection, layer: int, projection: str) -> bytes:
     }
     meta = {"format": NAME, "layout_version": str(LAYOUT_VERSION), "tile_layout": TILE_LAYOUT,
             "layer": str(layer), "projection": projection}
-    return st_save(tensors, metadata=meta)
+    # one key holding canonical JSON: safetensors writes a metadata map in hash order, which differs
+    # between processes, and the file's blake3 must be a function of the content only
+    return st_save(tensors, metadata={"rvq": json.dumps(meta, sort_keys=True, separators=(",", ":"))})
 
 
 def from_bytes(data: bytes, source: str) -> RVQProjection:

@@ -31,6 +31,7 @@ from quant.fp_formats import e4m3_decode, e4m3_encode, fp4_decode, fp4_encode, f
 F32 = torch.float32
 ATOM_MAX = 6.0
 LOG_SCALE_RANGE = 0.35
+ZERO_LOG = -200.0  # exp(-200) is 0 in float32
 
 
 @dataclass
@@ -47,8 +48,10 @@ class Latent:
     def from_projection(cls, p: RVQProjection, slot: int) -> "Latent":
         books = fp4_decode(p.codebooks[slot]).clone()
         sig = e4m3_decode(p.scales[slot].view(torch.uint8))
-        # exp(log(s)) must land back on s's E4M3 code: our log/exp are < 1 ulp, E4M3 steps are 2^-3
-        logs = log_(torch.where(sig > 0, sig, torch.full_like(sig, 2.0 ** -9)))
+        # exp(log(s)) must land back on s's E4M3 code: our log/exp are < 1 ulp, E4M3 steps are 2^-3;
+        # a zero scale gets a log whose exp underflows to 0 (and stays there: the clamp is +-0.35)
+        logs = torch.where(sig > 0, log_(torch.where(sig > 0, sig, torch.ones_like(sig))),
+                           torch.full_like(sig, ZERO_LOG))
         return cls(books, logs, p.indices[slot].long().clone(), books.clone(), logs.clone(),
                    p.global_scale.clone())
 

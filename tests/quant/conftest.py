@@ -29,3 +29,35 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def tiny_donor():
+    """tiny-moe at its (Philox) init: a real MoE of the project, no training run needed."""
+    from app.init import init_params
+    from app.presets import preset
+    from quant.donor import Donor
+    cfg = preset("tiny-moe")
+    params = {k: v.float() for k, v in init_params(cfg.model, 7).items()}
+    return Donor(cfg, params, "init:7", 0)
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tiny_donor):
+    """Calibration windows per split: Philox token ids (train 16, val 4, audit 4 windows of 65)."""
+    from kernels.ref.philox import random_bits
+    m = tiny_donor.cfg.model
+    out = {}
+    for i, (name, n) in enumerate((("train", 16), ("val", 4), ("audit", 4))):
+        out[name] = (random_bits(3, 50 + i, n * (m.seq_len + 1)) % m.vocab_size).reshape(n, -1)
+    return out
+
+
+def small_spec(out, **kw):
+    """A RunSpec small enough for CI: few updates, small microbatches, a small EM sample."""
+    from quant.fit import FitConfig
+    from quant.pv import PVConfig
+    from quant.sequential import RunSpec
+    pv = PVConfig(updates=kw.pop("updates", 4), microbatches=2, micro_rows=256, reassign_every=2, validate_every=2)
+    return RunSpec(model="init:7", out=str(out), layers=kw.pop("layers", (0,)), pv=pv,
+                   fit=FitConfig(sample_groups=1000), compare=kw.pop("compare", False), **kw)
