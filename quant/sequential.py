@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load as st_load, save as st_save
 
-from kernels.digest import bits_equal
+from kernels.digest import bits_equal, digest_many
 from quant import calib, layer as L, store
 from quant.donor import Donor, cold_from_load, donor_block, embed, expert_load, load_donor
 from quant.errors import ConfigError, IntegrityError
@@ -197,6 +197,9 @@ def _one_layer(donor, spec, layer, cold, traj, weights, rope, out, log, gang) ->
         tuned, result = gang.tune(problem, tuned, spec.pv, crash)
     else:
         result = L.tune_local(problem, tuned, spec.pv, log)
+    # every float bit of the tuned latents (what bitwise gang claims are checked on, beyond the codes)
+    latents = digest_many({f"{s.expert}/{p}/{k}": getattr(s.lat[p], k) for s in tuned for p in PROJS
+                           for k in ("books", "logs", "idx")})
     keep, gates = L.gates(problem, init, tuned, result, spec.pv)
     projs, replay = L.export_checked(problem, keep, spec.pv)
     gates.update(replay)
@@ -208,7 +211,7 @@ def _one_layer(donor, spec, layer, cold, traj, weights, rope, out, log, gang) ->
            "hot": [e for e in range(donor.n_experts) if e not in cold], "val_rel": {**base, "arvq_init": init_rel,
            "arvq_pv": gates["val_final"]}, "gates": gates, "pv": {k: result[k] for k in
            ("initial_val_rel", "best_val_rel", "best_update", "stop")}, "reassign": result["reassign"],
-           "history": hist, "cache_blake3": cache, "seconds": time.perf_counter() - t0, "gang": spec.gang,
+           "history": hist, "cache_blake3": cache, "tuned_latents_blake3": latents, "seconds": time.perf_counter() - t0, "gang": spec.gang,
            "fit_config": config_dict(spec.fit)}
     store.write_layer(out, layer, projs, meta=rec)
     back = store.load_layer(out, layer)  # digests re-verified from disk
