@@ -1,9 +1,11 @@
 """quant's exceptions: messages name the layer, expert, projection or file, and what was expected."""
 from __future__ import annotations
 
+from app.errors import AppError
 
-class QuantError(Exception):
-    """Base class of every error raised by `quant`."""
+
+class QuantError(AppError):
+    """Base class of every error raised by `quant` (an AppError: the CLI prints it and exits 2)."""
 
 
 class ConfigError(QuantError, ValueError):

@@ -25,3 +25,13 @@ def test_quant_fit_cli_synthetic(tmp_path, capsys):
     events = [json.loads(ln)["event"] for ln in (out / "fit_log.jsonl").read_text().splitlines()]
     assert events[0] == "start" and events[-1] == "done" and "expert_fit" in events
     assert "ARVQ initial fit" in capsys.readouterr().out
+
+
+def test_quant_run_parses_and_refuses_a_run_without_checkpoints(tmp_path, capsys):
+    from app.cli import build_parser
+    a = build_parser().parse_args(["quant", "run", "--model", "runs/x", "--out", "o", "--gang", "2", "--layers",
+                                   "0-1", "--target", "same_input", "--emulate"])
+    assert (a.quant_cmd, a.gang, a.layers, a.target, a.emulate, a.updates) == ("run", 2, "0-1", "same_input", True, 69)
+    (tmp_path / "run").mkdir()
+    assert main(["quant", "run", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "o")]) == 2
+    assert "no checkpoints" in capsys.readouterr().err
