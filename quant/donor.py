@@ -27,6 +27,7 @@ from kernels.ref.embedding import embedding
 from kernels.ref.rmsnorm import rmsnorm
 from kernels.ref.softmax import softmax
 from quant.errors import ConfigError
+from quant.objective import routed_rows
 
 F32 = torch.float32
 
@@ -109,14 +110,6 @@ class BlockParts:
     topk: torch.Tensor     # int64 [N, k] routed experts
     gates: torch.Tensor    # [N, k] their gate values
     frozen: torch.Tensor   # [N, D] a + shared + hot experts' routed sum
-
-
-def routed_rows(topk: torch.Tensor, gates: torch.Tensor, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows routed to `expert` in row order, their gate values) from one routing."""
-    hit = topk == expert
-    rows = torch.nonzero(hit.any(dim=1)).flatten()
-    g = torch.where(hit, gates, torch.zeros_like(gates))[rows]
-    return rows, torch.amax(g, dim=1)  # one positive gate per row, the rest 0: max picks it exactly
 
 
 @torch.no_grad()

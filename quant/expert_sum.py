@@ -20,8 +20,9 @@ LOWEST = -(1 << 20)  # exponent of "no addend here": loses every MAX
 class Reducer:
     """Sums over the gang's experts; `group is None` and not distributed means a gang of one."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, distributed: bool = False) -> None:
-        self.group, self.distributed = group, distributed
+    def __init__(self, group: dist.ProcessGroup | None = None, distributed: bool = False,
+                 device: torch.device | str = "cpu") -> None:
+        self.group, self.distributed, self.device = group, distributed, torch.device(device)
 
     def expert_sum(self, parts: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
         """Exact sum of every gang member's `parts` (float32, all `shape`); differentiable in the parts."""
@@ -30,15 +31,16 @@ class Reducer:
         return self._sum(list(parts), shape)
 
     def _sum(self, parts: list[torch.Tensor], shape) -> torch.Tensor:
-        like = torch.zeros(shape, dtype=torch.float32)
+        dev = parts[0].device if parts else self.device
+        like = torch.zeros(shape, dtype=torch.float32, device=dev)
         nb = max(1, -(-like.numel() // BLOCK))
-        e = torch.full((nb,), LOWEST, dtype=torch.int32)
+        e = torch.full((nb,), LOWEST, dtype=torch.int32, device=dev)
         for p in parts:
             e = torch.maximum(e, block_exponents(p.detach(), BLOCK))
         if self.distributed:
             dist.all_reduce(e, op=dist.ReduceOp.MAX, group=self.group)
         e = torch.where(e == LOWEST, torch.zeros_like(e), e)
-        v = torch.zeros((nb, BLOCK), dtype=torch.int64)
+        v = torch.zeros((nb, BLOCK), dtype=torch.int64, device=dev)
         for p in parts:
             v += encode(p.detach(), e, BLOCK, HEADROOM)   # integer adds: exact, order-free
         if self.distributed:

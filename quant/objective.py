@@ -19,12 +19,19 @@ import torch
 
 from kernels.ref.elementary import sqrt_
 from kernels.ref.reduce import exact_mean, exact_sum, sum as dsum
-from quant.donor import routed_rows
 from quant.errors import ConfigError
 
 F32 = torch.float32
 TARGETS = ("reference", "same_input")
 SPLITS = ("train", "val", "audit")
+
+
+def routed_rows(topk: torch.Tensor, gates: torch.Tensor, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows routed to `expert` in row order, their gate values) from one routing."""
+    hit = topk == expert
+    rows = torch.nonzero(hit.any(dim=1)).flatten()
+    g = torch.where(hit, gates, torch.zeros_like(gates))[rows]
+    return rows, torch.amax(g, dim=1)  # one positive gate per row, the rest 0: max picks it exactly
 
 
 @dataclass

@@ -99,7 +99,7 @@ def batches(n_rows: int, cfg: PVConfig):
     epoch = 0
     per = min(cfg.micro_rows, n_rows)
     while True:
-        keys = random_bits(cfg.seed, 1000 + epoch, n_rows) * n_rows + torch.arange(n_rows)  # distinct keys
+        keys = random_bits(cfg.seed, 1000 + epoch, n_rows) * n_rows + torch.arange(n_rows)  # distinct keys (host)
         perm = torch.sort(keys).indices
         for i in range(0, n_rows - per + 1, per):
             yield torch.sort(perm[i:i + per]).values  # ascending rows: gathers in one order
@@ -116,7 +116,7 @@ def contribution(es: ExpertState, s: obj.Split, rows: torch.Tensor | None, emula
     if w is None:
         w = {p: es.lat[p].weight() for p in PROJS}
     y = expert_forward(sub.f[pos], w["w13"], w["w2"], steps, emulate) * gate[:, None]
-    return torch.zeros(sub.f.shape, dtype=F32).index_add(0, pos, y)  # distinct rows: one add per element
+    return torch.zeros(sub.f.shape, dtype=F32, device=sub.f.device).index_add(0, pos, y)  # distinct rows: one add per element
 
 
 class Tuner:
@@ -169,7 +169,7 @@ class Tuner:
         final = {}
         sq = []
         for es in self.experts:
-            total = torch.zeros((), dtype=F32)
+            total = torch.zeros((), dtype=F32, device=es.lat["w13"].books.device)
             for pr in PROJS:
                 lat = es.lat[pr]
                 gb, gl = grads[(es.expert, pr)]

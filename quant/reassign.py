@@ -42,7 +42,7 @@ def _sum8(x: torch.Tensor) -> torch.Tensor:
 def _first_max(d: torch.Tensor) -> torch.Tensor:
     """Index of the first maximum per row (ties to the lower index, whatever the device)."""
     m = torch.amax(d, dim=1, keepdim=True)
-    pos = torch.arange(d.shape[1]).expand_as(d)
+    pos = torch.arange(d.shape[1], device=d.device).expand_as(d)
     return torch.amin(torch.where(d == m, pos, torch.full_like(pos, d.shape[1])), dim=1)
 
 
@@ -58,7 +58,8 @@ def propose(lat, gw: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     gnorm = _sum8(g * g)
     vn, gn = sqrt_(exact_sum(_sum8(v * v), dim=0)), sqrt_(exact_sum(gnorm, dim=0))
     if not float(gn) > 0:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, 2, dtype=torch.int64)
+        return (torch.zeros(0, dtype=torch.int64, device=gw.device),
+                torch.zeros(0, 2, dtype=torch.int64, device=gw.device))
     eta = torch.tensor(cfg.trust_ratio, dtype=F32) * (vn / gn)
     m = idx.shape[0]
     look = max(1, math.ceil(cfg.target_ratio * m))
@@ -69,8 +70,8 @@ def propose(lat, gw: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     cb = atoms[0][a].unsqueeze(1) + atoms[1].unsqueeze(0)                       # [S, 256, 8]: (a, b')
     cand = torch.cat([ca, cb], dim=1)                                          # [S, 512, 8]
     d = _sum8((t.unsqueeze(1) - cand) ** 2)
-    same = torch.cat([torch.arange(256).expand(len(a), 256) == a[:, None],
-                      torch.arange(256).expand(len(b), 256) == b[:, None]], dim=1)
+    ids = torch.arange(256, device=a.device)
+    same = torch.cat([ids.expand(len(a), 256) == a[:, None], ids.expand(len(b), 256) == b[:, None]], dim=1)
     d = torch.where(same, torch.full_like(d, float("inf")), d)                  # alternatives only
     near = torch.sort(d, dim=1, stable=True).indices[:, :NEAR]                  # the NEAR closest to t
     gain_all = -_sum8(g[sel].unsqueeze(1) * (cand - v[sel].unsqueeze(1)))      # first-order gain

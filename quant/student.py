@@ -73,6 +73,9 @@ class Latent:
             r = torch.tensor(LOG_SCALE_RANGE, dtype=F32)
             self.logs.copy_(torch.minimum(torch.maximum(self.logs, self.logs0 - r), self.logs0 + r))
 
+    def to(self, device) -> "Latent":
+        return Latent(*(t.to(device) for t in (self.books, self.logs, self.idx, self.books0, self.logs0, self.glob)))
+
     def clone(self) -> "Latent":
         return Latent(*(t.clone() for t in (self.books, self.logs, self.idx, self.books0, self.logs0, self.glob)))
 
