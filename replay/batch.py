@@ -1,0 +1,299 @@
+"""Batch audits on Ray Data: segments of steps fanned out to an actor pool of auditors, one certificate each.
+
+Segments are [A, A+K), [A+K, A+2K), ... cut short where a checkpoint lies inside, so that every segment after
+the first starts on a checkpoint whenever one is within K steps: its auditor then loads that checkpoint and
+replays only the segment. A segment whose start has no checkpoint still works: its auditor replays from the
+latest checkpoint before it (or from init), and those warm-up steps cost time but are not certified by it.
+The run directory must be readable at the same path by every auditor (one machine, or a shared filesystem);
+certificates are written by the driver only, to RUN/audit/certificates/<job-id>.parquet.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from app.checkpoint import list_checkpoints
+from app.errors import AppError, ConfigError
+from replay.certificates import SCHEMA, RunLog, write_certificates
+
+DEFAULT_SEGMENT = 100  # the report's checkpoint interval; used when a run has no checkpoint spacing to follow
+
+
+# -- planning ---------------------------------------------------------------------------------------------
+def parse_steps(text: str, n_steps: int) -> tuple[int, int]:
+    """`A:B` -> [A, B); an empty side means the log's first / last step. ConfigError names --steps."""
+    a, sep, b = text.partition(":")
+    try:
+        lo = int(a) if a.strip() else 0
+        hi = int(b) if b.strip() else n_steps
+    except ValueError:
+        raise ConfigError(f"--steps: expected A:B (steps A..B-1), got {text!r}") from None
+    if not sep or not 0 <= lo < hi <= n_steps:
+        raise ConfigError(f"--steps {text}: need 0 <= A < B <= {n_steps} (the log holds steps 0..{n_steps - 1})")
+    return lo, hi
+
+
+def default_segment(checkpoints: list[int]) -> int:
+    """The run's most common checkpoint spacing (segments then start on checkpoints), else DEFAULT_SEGMENT."""
+    gaps = Counter(b - a for a, b in zip([0, *checkpoints], checkpoints) if b > a)
+    return gaps.most_common(1)[0][0] if gaps else DEFAULT_SEGMENT
+
+
+def plan_segments(first: int, end: int, k: int, checkpoints: list[int]) -> list[tuple[int, int]]:
+    """[first, end) in segments of at most k steps, each ending on the last checkpoint within reach if any."""
+    if k < 1:
+        raise ConfigError(f"--segment {k}: must be >= 1")
+    ck = sorted(set(checkpoints))
+    out, cur = [], first
+    while cur < end:
+        nxt = min(cur + k, end)
+        if nxt < end:
+            inside = [c for c in ck if cur < c <= nxt]
+            nxt = inside[-1] if inside else nxt
+        out.append((cur, nxt))
+        cur = nxt
+    return out
+
+
+def start_checkpoint(first: int, checkpoints: list[int]) -> int:
+    """The state a segment's replay starts from: the latest checkpoint <= first (0: init)."""
+    return max([c for c in checkpoints if c <= first], default=0)
+
+
+# -- the auditor (one Ray actor per slot of the pool) ------------------------------------------------------
+def detect_kind(device: str) -> str:
+    """The hardware kind a certificate is filed under: cpu_x86, cpu_arm, gpu_nvidia (or cpu_<machine>)."""
+    import torch
+
+    if device.startswith("cuda"):
+        return "gpu_amd" if getattr(torch.version, "hip", None) else "gpu_nvidia"
+    m = platform.machine().lower()
+    if m in ("x86_64", "amd64", "i386", "i686"):
+        return "cpu_x86"
+    if m in ("aarch64", "arm64") or m.startswith("arm"):
+        return "cpu_arm"
+    return f"cpu_{m}"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware"):
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_facts(device: str) -> dict:
+    """What a certificate records about the machine that replayed."""
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else _cpu_name()
+    return {"device": device, "device_name": name, "torch_version": torch.__version__,
+            "cpu_isa": f"{platform.machine()}/{torch.backends.cpu.get_cpu_capability()}",
+            "hostname": socket.gethostname()}
+
+
+class Auditor:
+    """A Ray Data callable class: each input row is a segment, each output row its certificate."""
+
+    def __init__(self, device: str = "cpu", threads: int = 1, kind_override: str | None = None) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, threads))  # one auditor per requested CPU slot: no oversubscription
+        self.device = device
+        self.facts = machine_facts(device)
+        self.kind = kind_override or detect_kind(device)
+        self.kind_source = "override" if kind_override else "detected"
+
+    def __call__(self, batch: dict) -> pa.Table:
+        rows = [self.audit(str(run), int(a), int(b), str(job))
+                for run, a, b, job in zip(batch["run"], batch["first"], batch["end"], batch["job_id"])]
+        return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+    def audit(self, run: str, first: int, end: int, job_id: str) -> dict:
+        """Replay [first, end) and return its certificate; a refused input (AppError) is a REFUSED certificate."""
+        from replay.core import replay_segment
+
+        log = RunLog(run)
+        row = {"job_id": job_id, "run_hash": log.run_hash, "first_step": first, "end_step": end,
+               "start_checkpoint": start_checkpoint(first, list_checkpoints(run)),
+               "log_digest": log.segment_digest(first, end), "expected_chain": log.chain(end - 1),
+               "computed_chain": "", "mismatch_step": None, "mismatch_stage": None, "mismatch_detail": None,
+               "steps_replayed": 0, "kind": self.kind, "kind_source": self.kind_source, "backend": "",
+               **self.facts}
+        t0 = time.perf_counter()
+        try:
+            r = replay_segment(run, first, end, device=self.device)
+        except AppError as e:  # bad digests, a non-deterministic run: recorded, certifies nothing
+            row.update(verdict="REFUSED", mismatch_detail=f"{type(e).__name__}: {e}")
+        else:
+            row.update(verdict=r.verdict, expected_chain=r.expected_chain, computed_chain=r.computed_chain,
+                       steps_replayed=r.steps_replayed, backend=r.backend, device=r.device)
+            if r.mismatch is not None:
+                row.update(mismatch_step=r.mismatch.step, mismatch_stage=r.mismatch.stage,
+                           mismatch_detail=r.mismatch.detail)
+        row.update(seconds=time.perf_counter() - t0, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        return row
+
+
+# -- resources and the Ray connection -----------------------------------------------------------------------
+def auditor_resources(device: str, kind: str | None, resources: str | dict | None,
+                      cluster: dict[str, float]) -> dict:
+    """Per-auditor Ray resources {num_cpus, num_gpus, resources}, checked against what the cluster has.
+
+    Default: one CPU (cpu) or one GPU (cuda); `kind` adds {kind: 1} (nodes advertising that custom
+    resource, e.g. cpu_x86 / cpu_arm); `resources` (JSON) replaces it all. A request the cluster cannot
+    meet is refused here instead of waiting forever."""
+    if resources is not None:
+        try:
+            req = json.loads(resources) if isinstance(resources, str) else dict(resources)
+            assert isinstance(req, dict) and all(isinstance(v, (int, float)) and v >= 0 for v in req.values())
+        except (json.JSONDecodeError, AssertionError, TypeError, ValueError):
+            raise ConfigError(f"--resources: expected a JSON object of non-negative numbers, e.g. "
+                              f'{{"cpu_x86": 1}} or {{"num_gpus": 1}}; got {resources!r}') from None
+    else:
+        req = {"num_gpus": 1} if device.startswith("cuda") else {}
+        if kind:
+            req[kind] = 1
+    out = {"num_cpus": float(req.pop("num_cpus", 1)), "num_gpus": float(req.pop("num_gpus", 0)),
+           "resources": {k: float(v) for k, v in req.items()}}
+    need = {"CPU": out["num_cpus"], "GPU": out["num_gpus"], **out["resources"]}
+    for name, amount in need.items():
+        if amount > cluster.get(name, 0):
+            have = {k: v for k, v in cluster.items() if not k.startswith(("node:", "memory", "object_store"))}
+            raise ConfigError(f"auditor resources: {name}={amount:g} per auditor, but the Ray cluster has "
+                              f"{cluster.get(name, 0):g} ({have})")
+    return out
+
+
+def pool_size(req: dict, cluster: dict[str, float], segments: int) -> int:
+    """How many auditors fit the cluster at once (at most one per segment)."""
+    need = {"CPU": req["num_cpus"], "GPU": req["num_gpus"], **req["resources"]}
+    fits = [int(cluster.get(k, 0) // v) for k, v in need.items() if v > 0]
+    return max(1, min([segments, *fits]))
+
+
+def connect(address: str | None, num_cpus: int | None) -> bool:
+    """Use the running Ray (an initialized driver, or `address`), else start a local one; True if started."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return False
+    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, log_to_driver=False)
+    return True
+
+
+# -- the job ---------------------------------------------------------------------------------------------------
+@dataclass
+class BatchOutcome:
+    job_id: str
+    path: Path
+    rows: list[dict]
+    segments: list[tuple[int, int]]
+
+
+def new_job_id() -> str:
+    """UTC time first (files sort by when the job ran), then a random suffix (jobs on several machines)."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
+def run_batch(run: str | Path, steps: str = ":", segment: int | None = None, address: str | None = None,
+              device: str = "cpu", resources: str | dict | None = None, kind: str | None = None,
+              kind_override: str | None = None, num_cpus: int | None = None, progress: bool = True,
+              console=None) -> BatchOutcome:
+    """Audit `steps` of `run` on Ray Data and write the job's certificates; returns them."""
+    import ray
+    from rich.console import Console
+
+    console = console or Console(soft_wrap=True)
+    run = Path(run).resolve()
+    log = RunLog(run)
+    first, end = parse_steps(steps, log.n_steps)
+    checkpoints = list_checkpoints(run)
+    k = segment if segment is not None else default_segment(checkpoints)
+    segs = plan_segments(first, end, k, checkpoints)
+    unaligned = [(a, b) for a, b in segs if a not in checkpoints and a != 0]
+    if unaligned:
+        warm = sum(a - start_checkpoint(a, checkpoints) for a, _ in unaligned)
+        console.print(f"[yellow]note:[/] {len(unaligned)} of {len(segs)} segment(s) start where the run has no "
+                      f"checkpoint (first: step {unaligned[0][0]}); their auditors replay {warm} warm-up step(s) "
+                      f"from earlier checkpoints that these certificates do not cover")
+    job_id = new_job_id()
+    started = connect(address, num_cpus)
+    try:
+        cluster = ray.cluster_resources()
+        req = auditor_resources(device, kind, resources, cluster)
+        rows = _execute(run, segs, job_id, device, kind_override, req, pool_size(req, cluster, len(segs)),
+                        progress, console)
+    finally:
+        if started:
+            ray.shutdown()
+    path = write_certificates(run, job_id, rows)
+    return BatchOutcome(job_id, path, rows, segs)
+
+
+def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, device: str, kind_override: str | None,
+             req: dict, pool: int, progress: bool, console) -> list[dict]:
+    import ray.data
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # ours below counts segments; Ray's would count blocks
+    items = [{"run": str(run), "first": a, "end": b, "job_id": job_id} for a, b in segs]
+    ds = ray.data.from_items(items, override_num_blocks=len(items))  # one block per segment: all can start
+    ds = ds.map_batches(Auditor, batch_size=1, concurrency=(1, pool), num_cpus=req["num_cpus"],
+                        num_gpus=req["num_gpus"], resources=req["resources"] or None,
+                        fn_constructor_kwargs={"device": device, "threads": int(req["num_cpus"]) or 1,
+                                               "kind_override": kind_override})
+    rows: list[dict] = []
+    cols = (TextColumn("[bold]audit {task.fields[job]}"), MofNCompleteColumn(), TextColumn("segments"), BarColumn(),
+            TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+    with Progress(*cols, console=console, disable=not progress) as bar:
+        task = bar.add_task("audit", total=len(segs), job=job_id, info="")
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for r in batch.to_pylist():
+                rows.append(r)
+                bad = sum(x["verdict"] != "MATCH" for x in rows)
+                bar.update(task, advance=1, info=f"last {r['first_step']}..{r['end_step'] - 1} {r['verdict']} "
+                                                 f"on {r['kind']}" + (f"  [red]{bad} not MATCH[/]" if bad else ""))
+    return sorted(rows, key=lambda r: r["first_step"])
+
+
+def batch_main(run: str, steps: str, segment: int | None = None, address: str | None = None, device: str = "cpu",
+               resources: str | None = None, kind: str | None = None, kind_override: str | None = None,
+               num_cpus: int | None = None, progress: bool = True) -> int:
+    """`python -m app audit batch`: certificates, the merged coverage table and map; exit 0/1/2 (see docs)."""
+    from rich.console import Console
+
+    from replay.coverage import coverage_of, draw_coverage, print_coverage
+
+    console = Console(soft_wrap=True)
+    out = run_batch(run, steps, segment, address, device, resources, kind, kind_override, num_cpus, progress,
+                    console)
+    verdicts = Counter(r["verdict"] for r in out.rows)
+    console.print(f"job {out.job_id}: {len(out.rows)} segment(s), " +
+                  ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + f"; certificates {out.path}")
+    for r in out.rows:
+        if r["verdict"] == "REFUSED":
+            console.print(f"[yellow]refused[/] segment {r['first_step']}..{r['end_step'] - 1}: {r['mismatch_detail']}")
+    cov = coverage_of(run)
+    print_coverage(cov, console)
+    console.print(f"coverage map: {draw_coverage(cov)}")
+    if verdicts["MISMATCH"] or cov.verdict.startswith("FAILED"):
+        return 1
+    return 2 if verdicts["REFUSED"] else 0

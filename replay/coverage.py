@@ -1,0 +1,205 @@
+"""Coverage of a run by audit certificates: per step and hardware kind, MATCH / MISMATCH / uncovered.
+
+The run's verdict: FAILED at the first step any certificate found a mismatch; VERIFIED once every logged step
+0..N-1 is certified MATCH (on at least one kind) and none mismatched; INCOMPLETE otherwise. A MISMATCH
+certificate certifies its steps before the mismatch as MATCH (the replay compared them) and nothing after it.
+A segment certified MATCH on two or more hardware kinds is cross-hardware.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from replay.certificates import RunLog, load_valid
+
+UNCOVERED, MATCH, MISMATCH = 0, 1, 2
+PNG = Path("audit") / "coverage.png"
+
+
+@dataclass
+class Coverage:
+    log: RunLog
+    certs: list[dict]
+    warnings: list[str] = field(default_factory=list)
+    status: dict[str, np.ndarray] = field(default_factory=dict)  # kind -> per-step UNCOVERED/MATCH/MISMATCH
+
+    def __post_init__(self) -> None:
+        n = self.log.n_steps
+        for c in self.certs:
+            row = self.status.setdefault(c["kind"], np.zeros(n, dtype=np.int8))
+            a, b = c["first_step"], c["end_step"]
+            if c["verdict"] == "MATCH":
+                row[a:b] = np.maximum(row[a:b], MATCH)  # a mismatch seen by another certificate stays
+            elif c["verdict"] == "MISMATCH":
+                k = c["mismatch_step"] if c["mismatch_step"] is not None else a
+                row[a:k] = np.maximum(row[a:k], MATCH)
+                row[k] = MISMATCH
+        self.status = dict(sorted(self.status.items()))
+
+    @property
+    def n_steps(self) -> int:
+        return self.log.n_steps
+
+    def _any(self, value: int) -> np.ndarray:
+        out = np.zeros(self.n_steps, dtype=bool)
+        for row in self.status.values():
+            out |= row == value
+        return out
+
+    @property
+    def certified(self) -> int:
+        """Steps certified MATCH on some kind and mismatched on none."""
+        return int((self._any(MATCH) & ~self._any(MISMATCH)).sum())
+
+    @property
+    def cross_hardware_steps(self) -> int:
+        kinds = sum((row == MATCH).astype(np.int32) for row in self.status.values()) if self.status else 0
+        return int((np.asarray(kinds) >= 2).sum())
+
+    @property
+    def first_mismatch(self) -> int | None:
+        bad = np.flatnonzero(self._any(MISMATCH))
+        return int(bad[0]) if bad.size else None
+
+    @property
+    def verdict(self) -> str:
+        k = self.first_mismatch
+        if k is not None:
+            return f"FAILED at step {k}"
+        if self.n_steps and self.certified == self.n_steps:
+            return f"VERIFIED: every step 0..{self.n_steps - 1} certified MATCH"
+        return f"INCOMPLETE: {self.certified}/{self.n_steps} steps certified"
+
+    def segments(self) -> list[dict]:
+        """One row per distinct segment: kinds that matched / mismatched, jobs, cross-hardware."""
+        by: dict[tuple[int, int], list[dict]] = {}
+        for c in self.certs:
+            by.setdefault((c["first_step"], c["end_step"]), []).append(c)
+        out = []
+        for (a, b), cs in sorted(by.items()):
+            match = sorted({_label(c) for c in cs if c["verdict"] == "MATCH"})
+            mism = sorted({_label(c) for c in cs if c["verdict"] == "MISMATCH"})
+            refused = sorted({_label(c) for c in cs if c["verdict"] == "REFUSED"})
+            first_bad = min((c for c in cs if c["verdict"] == "MISMATCH"), key=lambda c: c["mismatch_step"],
+                            default=None)
+            out.append({"first": a, "end": b, "match": match, "mismatch": mism, "refused": refused,
+                        "jobs": len({c["job_id"] for c in cs}),
+                        "cross_hardware": len({c["kind"] for c in cs if c["verdict"] == "MATCH"}) >= 2,
+                        "chain": cs[0]["expected_chain"], "first_bad": first_bad})
+        return out
+
+    def uncovered_ranges(self) -> list[tuple[int, int]]:
+        """Maximal step ranges [a, b) that no kind certified (MATCH or MISMATCH)."""
+        covered = self._any(MATCH) | self._any(MISMATCH)
+        out, a = [], None
+        for i, c in enumerate(covered.tolist() + [True]):
+            if not c and a is None:
+                a = i
+            elif c and a is not None:
+                out.append((a, i))
+                a = None
+        return out
+
+
+def _label(c: dict) -> str:
+    return c["kind"] + ("*" if c["kind_source"] != "detected" else "")
+
+
+def coverage_of(run: str | Path) -> Coverage:
+    """Merge every audit job's certificates of `run` that vouch for its current log."""
+    log = RunLog(run)
+    certs, warnings = load_valid(log)
+    return Coverage(log, certs, warnings)
+
+
+def print_coverage(cov: Coverage, console=None) -> None:
+    """The coverage table (one row per segment, uncovered ranges too), then the verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(soft_wrap=True)
+    for w in cov.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    t = Table(title=f"audit coverage of {cov.log.run} ({cov.n_steps} steps, run hash {cov.log.run_hash[:16]}...)")
+    for col in ("steps", "MATCH on", "MISMATCH on", "jobs", "cross-hardware", "chain at end / first difference"):
+        t.add_column(col)
+    rows = [(s["first"], s) for s in cov.segments()] + [(a, (a, b)) for a, b in cov.uncovered_ranges()]
+    for _, s in sorted(rows, key=lambda r: (r[0], isinstance(r[1], tuple))):
+        if isinstance(s, tuple):
+            t.add_row(f"{s[0]}..{s[1] - 1}", "", "", "0", "", "[dim]uncovered[/]", style="dim")
+            continue
+        bad = s["first_bad"]
+        note = (f"[red]step {bad['mismatch_step']} {bad['mismatch_stage']}: {bad['mismatch_detail']}[/]" if bad
+                else f"{s['chain'][:16]}..." + (f" [yellow](refused on {', '.join(s['refused'])})[/]"
+                                                  if s["refused"] else ""))
+        t.add_row(f"{s['first']}..{s['end'] - 1}", f"[green]{', '.join(s['match'])}[/]",
+                  f"[red]{', '.join(s['mismatch'])}[/]", str(s["jobs"]),
+                  "[bold green]yes[/]" if s["cross_hardware"] else "", note)
+    console.print(t)
+    if any(c["kind_source"] != "detected" for c in cov.certs):
+        console.print("[dim]* kind overridden by the audit job (a simulated hardware kind, for tests)[/]")
+    style = "red" if cov.verdict.startswith("FAILED") else "green" if cov.verdict.startswith("VERIFIED") else "yellow"
+    console.print(f"[bold {style}]{cov.verdict}[/]; cross-hardware: {cov.cross_hardware_steps}/{cov.n_steps} steps; "
+                  f"run hash {cov.log.run_hash}")
+
+
+def draw_coverage(cov: Coverage, path: str | Path | None = None) -> Path:
+    """The coverage map PNG: steps on x, hardware kinds on y; MATCH green, MISMATCH red, uncovered grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    path = Path(path) if path is not None else cov.log.run / PNG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kinds = list(cov.status) or ["(no certificates)"]
+    colors = {UNCOVERED: "#bbbbbb", MATCH: "#2ca02c", MISMATCH: "#d62728"}
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(kinds)))
+    for y, kind in enumerate(kinds):
+        row = cov.status.get(kind, np.zeros(cov.n_steps, dtype=np.int8))
+        for a, b, v in _runs(row):
+            ax.broken_barh([(a, b - a)], (y - 0.4, 0.8), color=colors[v])
+    ax.set_yticks(range(len(kinds)), [k + ("*" if _overridden(cov, k) else "") for k in kinds])
+    ax.set_xlim(0, max(cov.n_steps, 1))
+    ax.set_xlabel("step")
+    ax.set_title(cov.verdict, fontsize=10)
+    ax.legend(handles=[Patch(color=colors[MATCH], label="MATCH"), Patch(color=colors[MISMATCH], label="MISMATCH"),
+                       Patch(color=colors[UNCOVERED], label="uncovered")], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def _overridden(cov: Coverage, kind: str) -> bool:
+    return any(c["kind"] == kind and c["kind_source"] != "detected" for c in cov.certs)
+
+
+def _runs(row: np.ndarray) -> list[tuple[int, int, int]]:
+    """Maximal runs [a, b) of equal values, with the value."""
+    out, a = [], 0
+    for i in range(1, len(row) + 1):
+        if i == len(row) or row[i] != row[a]:
+            out.append((a, i, int(row[a])))
+            a = i
+    return out
+
+
+def coverage_main(run: str) -> int:
+    """`python -m app audit coverage`: 0 VERIFIED, 1 FAILED, 3 INCOMPLETE."""
+    cov = coverage_of(run)
+    print_coverage(cov)
+    png = draw_coverage(cov)
+    print(f"coverage map: {png}")
+    return exit_code(cov.verdict)
+
+
+def exit_code(verdict: str) -> int:
+    return 0 if verdict.startswith("VERIFIED") else 1 if verdict.startswith("FAILED") else 3

@@ -1,0 +1,135 @@
+"""Batch audits without Ray: segment planning, certificate files, and coverage merging on a synthetic log."""
+import json
+from pathlib import Path
+
+import blake3
+import numpy as np
+import pytest
+
+from app.errors import ConfigError
+from replay.batch import auditor_resources, default_segment, parse_steps, plan_segments, pool_size
+from replay.certificates import CertificateError, RunLog, cert_path, read_certificates, write_certificates
+from replay.coverage import coverage_of, draw_coverage, exit_code
+
+N = 12
+
+
+def test_segments_follow_checkpoints():
+    assert plan_segments(0, 12, 4, [4, 8, 12]) == [(0, 4), (4, 8), (8, 12)]
+    assert plan_segments(2, 12, 4, [4, 8, 12]) == [(2, 4), (4, 8), (8, 12)]  # later starts snap to checkpoints
+    assert plan_segments(0, 12, 6, [4, 8, 12]) == [(0, 4), (4, 8), (8, 12)]  # never longer than K
+    assert plan_segments(0, 25, 10, []) == [(0, 10), (10, 20), (20, 25)]  # no checkpoints: plain K-steps
+    assert default_segment([100, 200, 205]) == 100 and default_segment([]) == 100
+    with pytest.raises(ConfigError, match="--segment"):
+        plan_segments(0, 4, 0, [])
+
+
+def test_steps_parse_and_refuse():
+    assert parse_steps("4:8", N) == (4, 8) and parse_steps(":", N) == (0, N) and parse_steps("3:", N) == (3, N)
+    for bad in ("8:4", "0:13", "x:3", "5"):
+        with pytest.raises(ConfigError, match="--steps"):
+            parse_steps(bad, N)
+
+
+def test_resources_refuse_what_the_cluster_lacks():
+    cluster = {"CPU": 4.0, "cpu_x86": 2.0}
+    req = auditor_resources("cpu", "cpu_x86", None, cluster)
+    assert req == {"num_cpus": 1.0, "num_gpus": 0.0, "resources": {"cpu_x86": 1.0}}
+    assert pool_size(req, cluster, 3) == 2  # two cpu_x86 slots
+    assert auditor_resources("cpu", None, '{"num_cpus": 2}', cluster)["num_cpus"] == 2.0
+    with pytest.raises(ConfigError, match="cpu_arm"):
+        auditor_resources("cpu", "cpu_arm", None, cluster)
+    with pytest.raises(ConfigError, match="GPU"):
+        auditor_resources("cuda", None, None, cluster)
+    with pytest.raises(ConfigError, match="--resources"):
+        auditor_resources("cpu", None, "[1]", cluster)
+
+
+def _fake_run(root: Path, tag: str = "a") -> Path:
+    """A hash log of N steps whose chain hashes are derived from `tag` (another tag: another run)."""
+    run = root / tag
+    run.mkdir()
+    lines = []
+    for step in range(-1, N):
+        h = blake3.blake3(f"{tag}{step}".encode()).hexdigest()
+        lines.append(json.dumps({"chain_hash": h, "state_hash": h, "step": step}, sort_keys=True,
+                                separators=(",", ":")))
+    (run / "hashlog.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def _cert(log: RunLog, a: int, b: int, verdict: str = "MATCH", kind: str = "cpu_x86", job: str = "j1",
+          bad_step: int | None = None, source: str = "detected") -> dict:
+    return {"job_id": job, "run_hash": log.run_hash, "first_step": a, "end_step": b, "start_checkpoint": a,
+            "log_digest": log.segment_digest(a, b), "expected_chain": log.chain(b - 1),
+            "computed_chain": log.chain(b - 1) if verdict == "MATCH" else "0" * 64, "verdict": verdict,
+            "mismatch_step": bad_step, "mismatch_stage": "forward" if bad_step is not None else None,
+            "mismatch_detail": "x" if bad_step is not None else None, "steps_replayed": b - a, "kind": kind,
+            "kind_source": source, "device": "cpu", "device_name": "test", "backend": "reference",
+            "torch_version": "0", "cpu_isa": "x86_64/AVX2", "hostname": "h", "seconds": 1.0, "time": "t"}
+
+
+def test_certificates_round_trip_and_refuse_overwrite(tmp_path):
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    rows = [_cert(log, 0, 4), _cert(log, 4, 8, "MISMATCH", bad_step=5)]
+    path = write_certificates(run, "j1", rows)
+    assert path == cert_path(run, "j1") and not list(path.parent.glob(".tmp-*"))
+    assert read_certificates(path) == rows
+    with pytest.raises(CertificateError, match="j1.parquet"):
+        write_certificates(run, "j1", rows)
+
+
+def test_corrupt_certificate_file_is_named(tmp_path):
+    run = _fake_run(tmp_path)
+    write_certificates(run, "good", [_cert(RunLog(run), 0, 4)])
+    cert_path(run, "broken").write_bytes(b"PAR1 not really")
+    with pytest.raises(CertificateError, match="broken.parquet"):
+        coverage_of(run)
+
+
+def test_coverage_merges_jobs_and_marks_cross_hardware(tmp_path):
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    write_certificates(run, "j1", [_cert(log, 0, 4), _cert(log, 4, 8)])
+    cov = coverage_of(run)
+    assert cov.verdict == "INCOMPLETE: 8/12 steps certified" and exit_code(cov.verdict) == 3
+    assert cov.uncovered_ranges() == [(8, 12)]
+    write_certificates(run, "j2", [_cert(log, 8, 12, job="j2"), _cert(log, 4, 8, kind="cpu_arm", job="j2",
+                                                                      source="override")])
+    cov = coverage_of(run)
+    assert cov.verdict == "VERIFIED: every step 0..11 certified MATCH" and exit_code(cov.verdict) == 0
+    cross = {(s["first"], s["end"]): s["cross_hardware"] for s in cov.segments()}
+    assert cross == {(0, 4): False, (4, 8): True, (8, 12): False}
+    assert cov.cross_hardware_steps == 4
+
+
+def test_mismatch_fails_the_run_and_certifies_the_steps_before_it(tmp_path):
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    write_certificates(run, "j1", [_cert(log, 0, 4), _cert(log, 4, 8, "MISMATCH", bad_step=5),
+                                   _cert(log, 8, 12)])
+    cov = coverage_of(run)
+    assert cov.verdict == "FAILED at step 5" and exit_code(cov.verdict) == 1
+    assert cov.status["cpu_x86"].tolist() == [1] * 5 + [2] + [0] * 2 + [1] * 4
+    png = draw_coverage(cov)
+    img = (np.asarray(__import__("matplotlib.image", fromlist=["imread"]).imread(png))[..., :3] * 255).round()
+    red = (np.abs(img - [214, 39, 40]).max(axis=-1) < 3).any()
+    grey = (np.abs(img - [187, 187, 187]).max(axis=-1) < 3).any()
+    assert red and grey, "the map shows the mismatch in red and the uncovered steps in grey"
+
+
+def test_other_runs_and_stale_certificates_are_ignored_with_a_warning(tmp_path):
+    run, other = _fake_run(tmp_path, "a"), _fake_run(tmp_path, "b")
+    write_certificates(run, "mine", [_cert(RunLog(run), 0, 12)])
+    write_certificates(run, "theirs", [_cert(RunLog(other), 0, 12, "MISMATCH", bad_step=3)])
+    cov = coverage_of(run)
+    assert cov.verdict.startswith("VERIFIED")
+    assert len(cov.warnings) == 1 and "theirs.parquet" in cov.warnings[0]
+    # an edited line inside a certified segment (here a state hash; the chain is untouched) makes it stale
+    lines = (run / "hashlog.jsonl").read_text().splitlines()
+    lines[6] = lines[6].replace('"state_hash":"', '"state_hash":"f')
+    (run / "hashlog.jsonl").write_text("\n".join(lines) + "\n")
+    cov = coverage_of(run)
+    assert cov.verdict == "INCOMPLETE: 0/12 steps certified"
+    assert any("mine.parquet" in w and "edited" in w for w in cov.warnings)
