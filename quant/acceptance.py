@@ -62,6 +62,22 @@ def scalar_baselines(donor, cold: dict, data: dict) -> dict[str, dict]:
     return out
 
 
+def against_reference(donor, spec, data: dict, cold: dict) -> dict[int, dict[str, float]]:
+    """val/audit reference_rel, against the *reference* target, of the layers a run published (whatever its
+    own target): each layer on that run's student trajectory (its cache), with its published experts."""
+    rope = donor.rope()
+    traj = {s: (embed(donor, data[s][:, :-1]),) * 2 for s in obj.SPLITS}
+    w = {s: obj.row_weights(data[s][:, 1:]) for s in obj.SPLITS}
+    m = store.read_manifest(spec.out)
+    out = {}
+    for layer in range(donor.cfg.model.n_layers):
+        prob = L.build_problem(donor, layer, cold[layer], traj, w, "reference", rope)
+        pw = L.weights_of(store.load_layer(spec.out, layer), cold[layer])
+        out[layer] = {s: L.rel_with_weights(prob, pw, s) for s in ("val", "audit")}
+        traj = sequential._load_cache(Path(spec.out), layer, m["layers"][str(layer)]["meta"]["cache_blake3"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="runs/tiny-moe-arvq")
@@ -87,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     held = heldout_tokens(donor.cfg)
     data = calib.build(replace(base.calib, corpus=donor.cfg.train.corpus, seq_len=donor.cfg.model.seq_len),
                        extra_held_out=held)
+    cross = {k: against_reference(donor, variants[k], data, cold) for k in ("arvq_pv", "arvq_pv_same_input")}
     weights = {"unquantized": {l: {e: dict(zip(PROJS, donor.expert_weights(l, e))) for e in cold[l]}
                                for l in cold}}
     weights.update(scalar_baselines(donor, cold, data))
@@ -100,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"layer": layer, "cold": r["cold"], "rtn2": r["val_rel"]["rtn2"], "gptq2": r["val_rel"]["gptq2"],
                      "arvq_init": r["val_rel"]["arvq_init"], "arvq_pv": r["val_rel"]["arvq_pv"],
                      "init_pipeline_val": ri["val_rel"]["arvq_pv"], "gates": r["gates"], "pv": r["pv"],
-                     "reassign": r["reassign"], "same_input": {"val_final": rs["gates"]["val_final"],
-                     "audit_final": rs["gates"]["audit_final"], "kept": rs["gates"]["kept"]},
+                     "reassign": r["reassign"], "same_input": {"val_own_target": rs["gates"]["val_final"],
+                     "audit_own_target": rs["gates"]["audit_final"], "kept": rs["gates"]["kept"],
+                     "val": cross["arvq_pv_same_input"][layer]["val"],
+                     "audit": cross["arvq_pv_same_input"][layer]["audit"]},
+                     "reference_check": cross["arvq_pv"][layer],
                      "seconds": r["seconds"]})
     result = {"command": f".venv/bin/python -m quant.acceptance --model {a.model} --work {a.work}",
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
