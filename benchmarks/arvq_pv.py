@@ -12,20 +12,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from kernels.ref.philox import normal, random_bits
-from quant.format import RVQProjection
-from quant.objective import LayerProblem, Split
-from quant.expert_sum import Reducer
-from quant.pv import ExpertState, PVConfig, Tuner
-from quant.reassign import reassign
-from quant.student import Latent
+# the repo root first: benchmarks/collectives.py would otherwise shadow the collectives package
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kernels.ref.philox import normal, random_bits  # noqa: E402
+from quant.expert_sum import Reducer  # noqa: E402
+from quant.format import RVQProjection  # noqa: E402
+from quant.objective import LayerProblem, Split  # noqa: E402
+from quant.pv import ExpertState, PVConfig, Tuner  # noqa: E402
+from quant.reassign import reassign  # noqa: E402
+from quant.student import Latent  # noqa: E402
 
 PRESETS = {"small": dict(hidden=512, ffn=256, experts=4, rows=4096, micro_rows=1024),
            "tiny-moe": dict(hidden=128, ffn=128, experts=3, rows=16384, micro_rows=1024),
