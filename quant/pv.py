@@ -40,7 +40,7 @@ class PVConfig:
     microbatches: int = 4
     micro_rows: int = 1024          # ours: the tiny model's scale (the seed: 65,536 tokens)
     lr_books: float = 0.003
-    lr_scales: float = 0.002
+    lr_scales: float = 0.0005       # ours: at 0.002 every log-scale crossed its E4M3 boundary together (docs/quant.md)
     lr_decay_after: int = 45
     lr_decay_factor: float = 0.25
     beta1: float = 0.9
