@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     base = sequential.RunSpec(model=a.model, out="", pv=replace(PVConfig(), updates=a.updates))
     variants = {"arvq_init": replace(base, out=str(work / "init"), pv=replace(base.pv, updates=0, reassign_every=0)),
                 "arvq_pv": replace(base, out=str(work / "pv-reference")),
-                "arvq_pv_same_input": replace(base, out=str(work / "pv-same-input"), target="same_input")}
+                "arvq_pv_same_input": replace(base, out=str(work / "pv-same-input"), target="same_input"),
+                "arvq_pv_scales_fast": replace(base, out=str(work / "pv-scales-0.002"),
+                                               pv=replace(base.pv, lr_scales=0.002))}
     recs = {k: sequential.run(spec) for k, spec in variants.items()}
     held = heldout_tokens(donor.cfg)
     data = calib.build(replace(base.calib, corpus=donor.cfg.train.corpus, seq_len=donor.cfg.model.seq_len),
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = {"unquantized": {l: {e: dict(zip(PROJS, donor.expert_weights(l, e))) for e in cold[l]}
                                for l in cold}}
     weights.update(scalar_baselines(donor, cold, data))
-    for k in ("arvq_init", "arvq_pv", "arvq_pv_same_input"):
+    for k in ("arvq_init", "arvq_pv", "arvq_pv_same_input", "arvq_pv_scales_fast"):
         weights[k] = {l: L.weights_of(store.load_layer(variants[k].out, l), cold[l]) for l in cold}
     ce = {"donor (app.evaluate)": heldout_ce(donor.params, donor.cfg, held)}
     ce.update({k: hybrid_ce(donor, held, w) for k, w in weights.items()})
@@ -122,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
                      "val": cross["arvq_pv_same_input"][layer]["val"],
                      "audit": cross["arvq_pv_same_input"][layer]["audit"]},
                      "reference_check": cross["arvq_pv"][layer],
+                     "scales_fast": {"val": recs["arvq_pv_scales_fast"][layer]["gates"]["val_final"],
+                                     "best_update": recs["arvq_pv_scales_fast"][layer]["pv"]["best_update"],
+                                     "history": recs["arvq_pv_scales_fast"][layer]["history"]},
+                     "history": r["history"],
                      "seconds": r["seconds"]})
     result = {"command": f".venv/bin/python -m quant.acceptance --model {a.model} --work {a.work}",
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
