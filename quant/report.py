@@ -92,7 +92,7 @@ def render(r: dict) -> str:
 NOTES = """
 ## Reading (the 2026-12-01 run; rerun the command to refresh the tables, this paragraph is fixed text)
 
-- At block level ARVQ init is 3-7x closer to the donor than RTN-2bit and 1.2-3x closer than GPTQ-2bit at the
+- At block level ARVQ init is 2.3-6.8x closer to the donor than RTN-2bit and 1.2-3.1x closer than GPTQ-2bit at the
   same scale budget, and PV lowers it further (layer 0 -25.7%, layer 1 -4.5%); every gate passed, the
   serialized replay is exact (0 difference: the forward uses exactly the values the packed file decodes to).
 - PV's gains on this model come from the index reassignment (the steps at updates 20, 40, 60): the book
@@ -101,7 +101,7 @@ NOTES = """
   trajectory, init 0.01560) did gain from scale moves (-19.5%): scales help where the upstream drift is
   large and hurt where the fit is already close.
 - reference vs same_input (layer 1, both measured against the reference target): the reference-tuned layer
-  is 2.8% (val) and 3.6% (audit) closer to the original model; same_input fits its own target far better
+  is 2.9% (val) and 3.7% (audit) closer to the original model; same_input fits its own target far better
   (0.0042), i.e. it learns to imitate the donor on drifted inputs rather than to correct the drift.
   The seed saw a small mixed difference (0.21% / -0.08%); here reference wins on both splits.
 - End-to-end held-out CE moves little in this 400-step model (the cold experts carry a small share of the
