@@ -153,6 +153,11 @@ NOTES = """
   single-swap alternatives nearest the stepped target; the prefix-backtracking acceptance decides.
 - Experts are judged against the same coupled output within a reassignment pass (Jacobi), so no verdict
   depends on which experts share an actor; a joint re-check reverts the pass if the combination fails.
+- The cold arithmetic default is the donor's own int8 W8A8 expert (learned activation steps), so unquantized
+  weights reproduce the donor (reference_rel 5e-8). `--emulate` (the seed's GLM serving path: FP4 activation
+  planes, fp32 GEMM, fp16 SwiGLU) is a different arithmetic from this int8-QAT model's: with it, even the
+  unquantized experts sit at reference_rel 0.156 on layer 0 (measured with `quant run --emulate`), so it is
+  off by default and useful only for a model served that way.
 - Gates compare reference_rel against the initialization on the validation and audit splits; the replay gate
   reloads the packed bytes and compares the forward (max abs difference relative to max |output|).
 """
