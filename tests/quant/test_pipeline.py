@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from quant import layer as L, objective as obj, sequential
+from quant.errors import ConfigError
 from quant.donor import embed
 from quant.expert_sum import Reducer
 from quant.fit import FitConfig
@@ -81,8 +82,16 @@ def test_crash_then_resume_publishes_what_a_clean_run_does(tiny_donor, tiny_data
         sequential.run(small_spec(out, layers=(0, 1)), donor=tiny_donor, data=tiny_data, cold=COLD)
     assert sorted(read_manifest(out)["layers"]) == ["0"]     # layer 0 published, layer 1 not
     monkeypatch.setattr(L, "tune_local", real)
+    cache = out / "cache" / "after_0000.safetensors"
+    cache.write_bytes(cache.read_bytes()[:-1] + b"\0")      # a damaged cache: replay layer 0 from its files
     sequential.run(small_spec(out, layers=(0, 1)), donor=tiny_donor, data=tiny_data, cold=COLD)
     assert _digests(out) == want
+    with pytest.raises(ConfigError, match="another spec"):  # a different recipe never mixes into OUT
+        sequential.run(small_spec(out, layers=(0, 1), target="same_input"), donor=tiny_donor, data=tiny_data,
+                       cold=COLD)
     starts = [json.loads(x)["layer"] for x in (out / "run_log.jsonl").read_text().splitlines()
               if json.loads(x)["event"] == "layer_start"]
     assert starts == [0, 1, 1]                                # layer 0 was not redone
+    resumes = [json.loads(x) for x in (out / "run_log.jsonl").read_text().splitlines()
+               if json.loads(x)["event"] == "resume"]
+    assert resumes[0]["from_cache"] is False                 # the damaged cache was refused, not used
