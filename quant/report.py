@@ -109,6 +109,17 @@ NOTES = """
   +0.0009 (same_input). ARVQ removes about two thirds of RTN's loss; PV's block-level gains do not show in CE
   at this resolution (2,048 held-out tokens: differences of 0.0003 nats are not a signal).
 
+## Commands
+
+    .venv/bin/python -m app train --config tiny-moe --steps 400 --out runs/tiny-moe-arvq   # the donor (~9 min, 2 cores)
+    .venv/bin/python -m app quant run --model runs/tiny-moe-arvq --out runs/arvq            # every layer, in process
+    .venv/bin/python -m app quant run --model runs/tiny-moe-arvq --out runs/arvq-g2 --gang 2  # 2 Ray actors, same bits
+    RAY_AUTH_MODE=disabled .venv/bin/python -m pytest -q tests/quant                        # incl. gang N = 1, 2, 4
+
+A rerun of `quant run` with the same OUT resumes after the last published layer (a different recipe is
+refused). OUT holds manifest.json (the commit point), layer_NNNN/{w13,w2}.safetensors, cache/ (the rolling
+student/reference trajectories, blake3 in the manifest) and run_log.jsonl.
+
 ## What is implemented (quant/)
 
 - `donor.py`: the trained run as donor (checkpoint digests checked, safetensors only), its expert load, and
