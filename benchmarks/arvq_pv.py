@@ -37,29 +37,31 @@ PRESETS = {"small": dict(hidden=512, ffn=256, experts=4, rows=4096, micro_rows=1
            "glm": dict(hidden=6144, ffn=2048, experts=8, rows=16384, micro_rows=4096)}
 
 
-def _codes(seed: int, stream: int, shape, hi: int) -> torch.Tensor:
+def _codes(seed: int, stream: int, shape, hi: int, device: str = "cpu") -> torch.Tensor:
     n = 1
     for s in shape:
         n *= s
-    return (random_bits(seed, stream, n) % hi).reshape(shape)
+    return (random_bits(seed, stream, n, device=device) % hi).reshape(shape)
 
 
-def projection(e: int, n: int, k: int, seed: int) -> RVQProjection:
-    return RVQProjection(codebooks=_codes(seed, 1, (e, 2, 256, 8), 16).to(torch.uint8),
-                         indices=_codes(seed, 2, (e, n, k // 8, 2), 256).to(torch.uint8),
-                         scales=(_codes(seed, 3, (e, n, k // 128), 8) + 40).to(torch.uint8).view(torch.float8_e4m3fn),
-                         global_scale=torch.tensor(1.0 / (6.0 * k ** 0.5), dtype=torch.float32),
+def projection(e: int, n: int, k: int, seed: int, device: str) -> RVQProjection:
+    """Random valid codes, drawn on the device (Philox on a host CPU is slow at GLM sizes)."""
+    return RVQProjection(codebooks=_codes(seed, 1, (e, 2, 256, 8), 16, device).to(torch.uint8),
+                         indices=_codes(seed, 2, (e, n, k // 8, 2), 256, device).to(torch.uint8),
+                         scales=(_codes(seed, 3, (e, n, k // 128), 8, device) + 40).to(torch.uint8)
+                         .view(torch.float8_e4m3fn),
+                         global_scale=torch.tensor(1.0 / (6.0 * k ** 0.5), dtype=torch.float32, device=device),
                          experts=tuple(range(e)))
 
 
 def problem(d: int, e: int, rows: int, device: str, seed: int = 0) -> LayerProblem:
     def split(r: int, s: int) -> Split:
-        f = normal(seed, 10 + s, (r, d)).to(device)
-        topk = torch.stack([_codes(seed, 20 + s, (r,), e), (_codes(seed, 20 + s, (r,), e - 1) + 1 +
-                                                              _codes(seed, 20 + s, (r,), e)) % e], 1).to(device)
+        f = normal(seed, 10 + s, (r, d), device=device)
+        first, other = _codes(seed, 20 + s, (r,), e, device), _codes(seed, 20 + s, (r,), e - 1, device)
+        topk = torch.stack([first, (first + 1 + other) % e], 1)                  # two distinct experts
         gates = torch.full((r, 2), 0.5, device=device)
-        frozen = normal(seed, 30 + s, (r, d)).to(device)
-        ref = frozen + normal(seed, 40 + s, (r, d), std=0.1).to(device)
+        frozen = normal(seed, 30 + s, (r, d), device=device)
+        ref = frozen + normal(seed, 40 + s, (r, d), std=0.1, device=device)
         return Split(f, topk, gates, frozen, ref, torch.ones(r, device=device))
     sp = {"train": split(rows, 0), "val": split(1024, 1), "audit": split(1024, 2)}
     steps = {x: (torch.tensor(0.05, device=device), torch.tensor(0.02, device=device)) for x in range(e)}
@@ -75,7 +77,7 @@ def _sync(device: str) -> float:
 def run(preset: str, device: str, updates: int) -> dict:
     c = PRESETS[preset]
     d, f, e = c["hidden"], c["ffn"], c["experts"]
-    p13, p2 = projection(e, 2 * f, d, 1), projection(e, d, f, 2)
+    p13, p2 = projection(e, 2 * f, d, 1, device), projection(e, d, f, 2, device)
     states = [ExpertState(x, {"w13": Latent.from_projection(p13, x).to(device),
                               "w2": Latent.from_projection(p2, x).to(device)}) for x in range(e)]
     prob = problem(d, e, c["rows"], device)
