@@ -20,7 +20,8 @@ from quant.errors import FitError
 from quant.expert_sum import Reducer
 from quant.fit import FitConfig, fit_projection
 from quant.hessian import expert_hessian
-from quant.pv import PROJS, ExpertState, PVConfig, Tuner, contribution
+from quant.format import decode
+from quant.pv import PROJS, ExpertState, PVConfig, Tuner
 from quant.student import Latent, expert_forward, to_projection
 
 GATE_TOL = 1e-6
@@ -104,7 +105,7 @@ def tune_local(problem: obj.LayerProblem, states: list[ExpertState], cfg: PVConf
     return Tuner(problem, states, Reducer(), cfg, log).run()
 
 
-def gates(problem: obj.LayerProblem, init: list[ExpertState], tuned: list[ExpertState], result: dict,
+def gates(problem: obj.LayerProblem, init: list[ExpertState], tuned: list[ExpertState],
           cfg: PVConfig) -> tuple[list[ExpertState], dict]:
     """The validation and audit gates; (the states to publish, the gate record)."""
     t_init = Tuner(problem, init, Reducer(), cfg)
@@ -146,9 +147,6 @@ def student_step(donor: Donor, layer: int, h: torch.Tensor, cold_w: dict[int, di
 
 
 def weights_of(projs: dict, cold: list[int]) -> dict[int, dict[str, torch.Tensor]]:
-    from quant.format import decode
+    """expert -> projection -> decoded float32 weight, from packed projections."""
     return {e: {p: decode(projs[p], i) for p in PROJS} for i, e in enumerate(cold)}
 
-
-__all__ = ["build_problem", "initial_fit", "states_from", "baseline_rels", "tune_local", "gates", "export_checked",
-           "student_step", "weights_of", "rel_with_weights", "contribution"]

@@ -116,7 +116,8 @@ def contribution(es: ExpertState, s: obj.Split, rows: torch.Tensor | None, emula
     if w is None:
         w = {p: es.lat[p].weight() for p in PROJS}
     y = expert_forward(sub.f[pos], w["w13"], w["w2"], steps, emulate) * gate[:, None]
-    return torch.zeros(sub.f.shape, dtype=F32, device=sub.f.device).index_add(0, pos, y)  # distinct rows: one add per element
+    # distinct rows: one add per element, no order to choose
+    return torch.zeros(sub.f.shape, dtype=F32, device=sub.f.device).index_add(0, pos, y)
 
 
 class Tuner:
@@ -135,7 +136,8 @@ class Tuner:
         s = self.p.split(split)
         n = s.f.shape[0] if rows is None else len(rows)
         with torch.no_grad():
-            parts = [contribution(es, s, rows, self.cfg.emulate, None, self.p.act_steps[es.expert]) for es in self.experts]
+            parts = [contribution(es, s, rows, self.cfg.emulate, None, self.p.act_steps[es.expert])
+                     for es in self.experts]
         return self.r.expert_sum(parts, (n, s.f.shape[1]))
 
     def rel(self, split: str) -> float:

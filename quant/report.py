@@ -37,7 +37,8 @@ def render(r: dict) -> str:
         lines.append(f"| {row['layer']} | {','.join(map(str, row['cold']))} | {_f(row['rtn2'])} | {_f(row['gptq2'])} | "
                      f"{_f(row['arvq_init'])} | {_f(row['arvq_pv'])} | {100 * ch:+.2f}% | {row['pv']['best_update']} | "
                      f"{row['pv']['stop']} | {_f(sf['val'])} ({sf['best_update']}) |")
-    lines += ["", "Validation reference_rel during PV (every 5 updates; published run, then the scale-lr-0.002 run):", ""]
+    lines += ["", "Validation reference_rel during PV (every 5 updates; the published run, then the scale-lr-0.002 "
+              "run):", ""]
     for row in r["layers"]:
         for name, h in (("published", row["history"]), ("scale lr 0.002", row["scales_fast"]["history"])):
             vals = " ".join(f"{x['update']}:{x['val_rel']:.5f}" for x in h if "val_rel" in x)

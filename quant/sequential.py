@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import blake3
@@ -30,7 +30,8 @@ from quant.donor import Donor, cold_from_load, donor_block, embed, expert_load, 
 from quant.errors import ConfigError, IntegrityError
 from quant.fit import FitConfig, config_dict
 from quant.objective import SPLITS, row_weights
-from quant.pv import PROJS, PVConfig
+from quant.expert_sum import Reducer
+from quant.pv import PROJS, PVConfig, Tuner
 
 CACHE = "cache"
 
@@ -189,7 +190,7 @@ def _one_layer(donor, spec, layer, cold, traj, weights, rope, out, log, gang) ->
     base = L.baseline_rels(donor, problem, hess, spec.pv.emulate) if spec.compare else {}
     base.pop("_weights", None)
     init = L.states_from(projs, cold)
-    init_rel = L.Tuner(problem, init, L.Reducer(), spec.pv).rel("val")
+    init_rel = Tuner(problem, init, Reducer(), spec.pv).rel("val")
     tuned = L.states_from(projs, cold)
     log("layer_start", layer=layer, cold=cold, arvq_init_val_rel=init_rel, **base)
     if gang is not None:
@@ -200,7 +201,7 @@ def _one_layer(donor, spec, layer, cold, traj, weights, rope, out, log, gang) ->
     # every float bit of the tuned latents (what bitwise gang claims are checked on, beyond the codes)
     latents = digest_many({f"{s.expert}/{p}/{k}": getattr(s.lat[p], k) for s in tuned for p in PROJS
                            for k in ("books", "logs", "idx")})
-    keep, gates = L.gates(problem, init, tuned, result, spec.pv)
+    keep, gates = L.gates(problem, init, tuned, spec.pv)
     projs, replay = L.export_checked(problem, keep, spec.pv)
     gates.update(replay)
     reloaded = {p: store.from_bytes(store.to_bytes(projs[p], layer, p), f"layer {layer} {p}") for p in PROJS}
@@ -211,7 +212,8 @@ def _one_layer(donor, spec, layer, cold, traj, weights, rope, out, log, gang) ->
            "hot": [e for e in range(donor.n_experts) if e not in cold], "val_rel": {**base, "arvq_init": init_rel,
            "arvq_pv": gates["val_final"]}, "gates": gates, "pv": {k: result[k] for k in
            ("initial_val_rel", "best_val_rel", "best_update", "stop")}, "reassign": result["reassign"],
-           "history": hist, "cache_blake3": cache, "tuned_latents_blake3": latents, "seconds": time.perf_counter() - t0, "gang": spec.gang,
+           "history": hist, "cache_blake3": cache, "tuned_latents_blake3": latents,
+           "seconds": time.perf_counter() - t0, "gang": spec.gang,
            "fit_config": config_dict(spec.fit)}
     store.write_layer(out, layer, projs, meta=rec)
     back = store.load_layer(out, layer)  # digests re-verified from disk

@@ -3,7 +3,6 @@ import json
 
 import blake3
 import pytest
-import torch
 import zstandard
 
 from quant.calib import CalibConfig, build

@@ -9,7 +9,7 @@ from quant.errors import ConfigError
 from quant.donor import embed
 from quant.expert_sum import Reducer
 from quant.fit import FitConfig
-from quant.pv import PVConfig, Tuner
+from quant.pv import PVConfig
 from quant.store import read_manifest
 
 from .conftest import small_spec
@@ -45,7 +45,7 @@ def test_pv_never_publishes_a_regression(tiny_donor, tiny_data):
     for r in res["reassign"]:
         if r["joint_improved"]:
             assert r["train_sse_after"] < r["train_sse_before"]
-    keep, g = L.gates(p, init, tuned, res, cfg)
+    keep, g = L.gates(p, init, tuned, cfg)
     assert g["validation"] and g["val_final"] == res["best_val_rel"]
     assert g["kept"] == ("tuned" if g["audit"] else "initialization")
     _, rec = L.export_checked(p, keep, cfg)
