@@ -144,6 +144,8 @@ student/reference trajectories, blake3 in the manifest) and run_log.jsonl.
   of the owner and of N), N Ray actors in a placement group over gloo. tests/quant/test_gang.py: N = 1, 2, 4
   publish the in-process bits (files and float latents); a member killed mid-layer fails it with GangError,
   a rerun resumes it to the same bits.
+  On the trained model too: `quant run --layers 0 --updates 20 --calib-windows 64` with `--gang 2` and in
+  process (2 torch threads) published identical files and latents (w13 63cbe828..., latents 78d4f6ee...).
 - `calib.py`: the calibration corpus (seed 42, domain mix, held-out documents, exact-match purge).
 
 ## Choices that are ours (the seed is silent or does not fit this model)
