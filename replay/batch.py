@@ -10,6 +10,7 @@ certificates are written by the driver only, to RUN/audit/certificates/<job-id>.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import socket
@@ -254,9 +255,12 @@ def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, device: str, k
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # ours below counts segments; Ray's would count blocks
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # per-dataset INFO lines would break up the table
     items = [{"run": str(run), "first": a, "end": b, "job_id": job_id} for a, b in segs]
     ds = ray.data.from_items(items, override_num_blocks=len(items))  # one block per segment: all can start
-    ds = ds.map_batches(Auditor, batch_size=1, concurrency=(1, pool), num_cpus=req["num_cpus"],
+    # the pool starts at one auditor and grows to as many as the requested resources fit
+    strategy = ray.data.ActorPoolStrategy(min_size=1, max_size=pool)
+    ds = ds.map_batches(Auditor, batch_size=1, compute=strategy, num_cpus=req["num_cpus"],
                         num_gpus=req["num_gpus"], resources=req["resources"] or None,
                         fn_constructor_kwargs={"device": device, "threads": int(req["num_cpus"]) or 1,
                                                "kind_override": kind_override})
