@@ -117,6 +117,15 @@ class Auditor:
         self.facts = machine_facts(device)
         self.kind = kind_override or detect_kind(device)
         self.kind_source = "override" if kind_override else "detected"
+        self._logs: dict[tuple, RunLog] = {}
+
+    def _log(self, run: str) -> RunLog:
+        """The run's log, parsed once per actor while the file is unchanged (a long log is large)."""
+        st = (Path(run) / "hashlog.jsonl").stat()
+        key = (run, st.st_mtime_ns, st.st_size)
+        if key not in self._logs:
+            self._logs = {key: RunLog(run)}
+        return self._logs[key]
 
     def __call__(self, batch: dict) -> pa.Table:
         rows = [self.audit(str(run), int(a), int(b), str(job))
@@ -127,7 +136,7 @@ class Auditor:
         """Replay [first, end) and return its certificate; a refused input (AppError) is a REFUSED certificate."""
         from replay.core import replay_segment
 
-        log = RunLog(run)
+        log = self._log(run)
         row = {"job_id": job_id, "run_hash": log.run_hash, "first_step": first, "end_step": end,
                "start_checkpoint": start_checkpoint(first, list_checkpoints(run)),
                "log_digest": log.segment_digest(first, end), "expected_chain": log.chain(end - 1),

@@ -1,0 +1,129 @@
+"""Batch audits on a local Ray cluster: a 12-step tiny run audited in 3 segments (checkpoints every 4),
+certificates on parquet, two jobs merged, a tampered log, another run's certificates, cross-hardware.
+
+The second hardware kind is simulated: a job whose auditors ask for the `cpu_arm` resource the fixture
+advertises and record their kind as cpu_arm (`kind_override`, marked "override" in the certificate). Real
+ARM certificates come from an ARM node (see docs/audit.md)."""
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.presets import TINY
+from app.train import TrainOptions, train
+from replay.batch import run_batch
+from replay.certificates import SCHEMA, RunLog, read_certificates
+from replay.coverage import coverage_of
+
+pytestmark = pytest.mark.slow
+os.environ["RAY_AUTH_MODE"] = "disabled"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance for the session, advertising two simulated hardware kinds."""
+    import ray
+
+    ray.init(num_cpus=4, resources={"cpu_x86": 2, "cpu_arm": 2}, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    from stream import build_demo
+
+    out = tmp_path_factory.mktemp("demo-corpus")
+    build_demo(out, vocab_size=TINY.model.vocab_size, progress=False)
+    return out
+
+
+def _cli(argv: list[str]) -> int:
+    """The audit commands as `python -m app` parses them (replay/cli.py's group on a bare parser)."""
+    import argparse
+
+    from replay.cli import add_audit
+
+    p = argparse.ArgumentParser()
+    add_audit(p.add_subparsers(dest="group", required=True))
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+def _train(corpus: Path, out: Path, steps: int, seed: int = 42) -> Path:
+    cfg = TINY.replace(**{"train.corpus": str(corpus), "train.seed": seed})
+    train(cfg, out, TrainOptions(steps=steps, checkpoint_every=4, eval_every=0, progress=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def run12(corpus, tmp_path_factory) -> Path:
+    """tiny, 12 steps, checkpoints after steps 4, 8 and 12."""
+    return _train(corpus, tmp_path_factory.mktemp("runs") / "a", 12)
+
+
+@pytest.fixture(scope="session")
+def audited(ray_cluster, run12):
+    """The whole run audited once, on the cpu_x86 slots."""
+    return run_batch(run12, "0:12", segment=4, kind="cpu_x86", progress=False)
+
+
+def test_three_segments_all_match_with_full_certificates(audited, run12):
+    assert audited.segments == [(0, 4), (4, 8), (8, 12)]
+    rows = read_certificates(audited.path)
+    assert audited.path.parent == run12 / "audit" / "certificates" and audited.path.name == f"{audited.job_id}.parquet"
+    log = RunLog(run12)
+    assert [(r["first_step"], r["end_step"], r["verdict"]) for r in rows] == [(0, 4, "MATCH"), (4, 8, "MATCH"),
+                                                                              (8, 12, "MATCH")]
+    for r in rows:
+        assert r["run_hash"] == log.run_hash and r["job_id"] == audited.job_id
+        assert r["expected_chain"] == r["computed_chain"] == log.chain(r["end_step"] - 1)
+        assert r["start_checkpoint"] == r["first_step"]  # every segment starts on a checkpoint (or init)
+        assert r["kind"] == "cpu_x86" and r["kind_source"] == "detected" and r["device"] == "cpu"
+        assert r["cpu_isa"].startswith("x86_64/") and r["torch_version"] and r["hostname"] and r["seconds"] > 0
+        assert r["mismatch_step"] is None and r["mismatch_stage"] is None
+    assert set(SCHEMA.names) <= set(rows[0])
+
+
+def test_second_kind_merges_and_marks_cross_hardware(audited, run12):
+    job = run_batch(run12, "4:8", segment=4, resources={"cpu_arm": 1}, kind_override="cpu_arm", progress=False)
+    assert [r["verdict"] for r in job.rows] == ["MATCH"] and job.rows[0]["kind_source"] == "override"
+    cov = coverage_of(run12)
+    assert cov.verdict == "VERIFIED: every step 0..11 certified MATCH"
+    assert {(s["first"], s["end"]): s["cross_hardware"] for s in cov.segments()} == {
+        (0, 4): False, (4, 8): True, (8, 12): False}
+    assert {c["job_id"] for c in cov.certs} == {audited.job_id, job.job_id}
+
+
+def test_tampered_state_hash_fails_its_segment(ray_cluster, run12, tmp_path):
+    bad = tmp_path / "tampered"
+    shutil.copytree(run12, bad, ignore=shutil.ignore_patterns("audit"))
+    lines = (bad / "hashlog.jsonl").read_text().splitlines()
+    rec = lines[1 + 5]  # step 5 (line 0 is the init record)
+    i = rec.index('"state_hash":"') + len('"state_hash":"')
+    lines[6] = rec[:i] + ("0" if rec[i] != "0" else "1") + rec[i + 1:]
+    (bad / "hashlog.jsonl").write_text("\n".join(lines) + "\n")
+    assert _cli(["audit", "batch", "--run", str(bad), "--steps", "0:12", "--segment", "4", "--no-progress"]) == 1
+    cov = coverage_of(bad)
+    assert cov.verdict == "FAILED at step 5"
+    [cert] = [c for c in cov.certs if c["verdict"] == "MISMATCH"]
+    assert (cert["first_step"], cert["end_step"], cert["mismatch_step"]) == (4, 8, 5)
+    assert sorted(c["verdict"] for c in cov.certs) == ["MATCH", "MATCH", "MISMATCH"]
+    assert (bad / "audit" / "coverage.png").stat().st_size > 0
+
+
+def test_another_runs_certificates_are_ignored(audited, corpus, run12, tmp_path):
+    other = _train(corpus, tmp_path / "other", 4, seed=7)
+    job = run_batch(other, "0:4", progress=False)
+    assert [r["verdict"] for r in job.rows] == ["MATCH"]
+    stray = run12 / "audit" / "certificates" / f"zz-other-{job.path.name}"
+    shutil.copy(job.path, stray)
+    try:
+        cov = coverage_of(run12)
+        assert any(stray.name in w and "not this run's" in w for w in cov.warnings)
+        assert all(c["run_hash"] == RunLog(run12).run_hash for c in cov.certs) and cov.verdict.startswith("VERIFIED")
+        assert _cli(["audit", "coverage", "--run", str(run12)]) == 0
+        assert (run12 / "audit" / "coverage.png").stat().st_size > 0
+    finally:
+        stray.unlink()
