@@ -196,11 +196,12 @@ def pool_size(req: dict, cluster: dict[str, float], segments: int) -> int:
 
 
 def connect(address: str | None, num_cpus: int | None) -> bool:
-    """Use the running Ray (an initialized driver, or `address`), else start a local one; True if started."""
+    """Use the running Ray (this driver's, `address`, or $RAY_ADDRESS), else start a local one; True if started."""
     import ray
 
     if ray.is_initialized():
         return False
+    address = address or os.environ.get("RAY_ADDRESS")  # what `ray job submit` sets for its driver
     if address:
         ray.init(address=address, log_to_driver=False)
         return False

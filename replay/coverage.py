@@ -163,6 +163,9 @@ def draw_coverage(cov: Coverage, path: str | Path | None = None) -> Path:
         row = cov.status.get(kind, np.zeros(cov.n_steps, dtype=np.int8))
         for a, b, v in _runs(row):
             ax.broken_barh([(a, b - a)], (y - 0.4, 0.8), color=colors[v])
+        starts = sorted({c["first_step"] for c in cov.certs if c["kind"] == kind} - {0})
+        if len(starts) <= 200:  # segment boundaries, while they stay readable
+            ax.vlines(starts, y - 0.4, y + 0.4, color="white", linewidth=0.8)
     ax.set_yticks(range(len(kinds)), [k + ("*" if _overridden(cov, k) else "") for k in kinds])
     ax.set_xlim(0, max(cov.n_steps, 1))
     ax.set_xlabel("step")
