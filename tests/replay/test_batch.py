@@ -135,3 +135,16 @@ def test_another_runs_certificates_are_ignored(audited, corpus, run12, tmp_path)
         assert (run12 / "audit" / "coverage.png").stat().st_size > 0
     finally:
         stray.unlink()
+
+
+def test_corrupt_checkpoint_is_a_refused_certificate(ray_cluster, run12, tmp_path):
+    bad = tmp_path / "flipped"
+    shutil.copytree(run12, bad, ignore=shutil.ignore_patterns("audit"))
+    f = bad / "checkpoints" / "step-000000000004" / "params.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1  # one bit of the last parameter
+    f.write_bytes(bytes(data))
+    assert _cli(["audit", "batch", "--run", str(bad), "--steps", "4:8", "--no-progress"]) == 2
+    [cert] = read_certificates(next((bad / "audit" / "certificates").glob("*.parquet")))
+    assert cert["verdict"] == "REFUSED" and "params.safetensors" in cert["mismatch_detail"]
+    assert coverage_of(bad).verdict == "INCOMPLETE: 0/12 steps certified"
