@@ -131,6 +131,11 @@ def _add_quant(sub: argparse._SubParsersAction) -> None:
     quant.set_defaults(func=_quant)
 
 
+def _add_audit(sub: argparse._SubParsersAction) -> None:
+    from replay.cli import add_audit  # the audit group lives with replay/ (which app never imports otherwise)
+    add_audit(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m app", description="Auditable LLM training.")
     sub = p.add_subparsers(dest="group", required=True)
@@ -138,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--out", default=None, help="run directory (default: the first free runs/demo-N)")
     demo.set_defaults(func=_demo)
+    _add_audit(sub)
     _add_data(sub)
     _add_quant(sub)
     _add_train(sub)

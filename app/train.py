@@ -28,6 +28,35 @@ from app.step import StepContext, StepResult, TrainState, run_step
 from app.digests import digest_many
 
 HASHLOG, METRICS, CONFIG = "hashlog.jsonl", "metrics.jsonl", "config.json"
+RUN_JSON = "run.json"
+
+
+def write_run_json(out: Path, cfg_json: str, code: str, manifest, collectives: str) -> Path:
+    """RUN/run.json (what an auditor checks before replaying) plus RUN/data/ copies of the corpus manifest and
+    tokenizer, each with its blake3; written temp-then-rename. `collectives`: "exact" / "ordered" (replayable)
+    or "native" (non-deterministic: the replay refuses the run)."""
+    import blake3
+    import os
+    import shutil
+
+    from stream.fileio import atomic_write_json, blake3_file
+
+    files = {}
+    for rel in ("manifest.json", manifest.tokenizer_path):
+        dst = out / "data" / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        shutil.copyfile(manifest.root / rel, tmp)
+        os.replace(tmp, dst)
+        files[f"data/{rel}"] = blake3_file(dst)
+    files[CONFIG] = blake3_file(out / CONFIG)
+    desc = {"format": "run/1", "collectives": collectives, "auditable": collectives != "native",
+            "code_version": code, "config_blake3": blake3.blake3(cfg_json.encode()).hexdigest(),
+            "corpus": {"path": str(manifest.root), "manifest_blake3": manifest.digest,
+                       "tokenizer_path": manifest.tokenizer_path, "tokenizer_blake3": manifest.tokenizer_blake3},
+            "files": files}
+    atomic_write_json(out / RUN_JSON, desc)
+    return out / RUN_JSON
 
 
 @dataclass
@@ -86,6 +115,7 @@ class Trainer:
         (self.out / CONFIG).write_text(self.config_json + "\n")
 
     def _fresh(self) -> tuple[TrainState, bytes]:
+        write_run_json(self.out, self.config_json, self.code, self.stream.manifest, self.cfg.train.reduction)
         params = init_params(self.cfg.model, self.cfg.train.seed, self.ctx.device)
         state = TrainState.fresh(params)
         sdig = state_hash(state_entries(state, self.config_json, self.code, self.stream.state(0)))

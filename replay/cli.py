@@ -1,10 +1,32 @@
 """`python -m app audit <command>`: parses arguments and delegates to replay/; no logic lives here.
 
-`add_audit(sub)` adds the `audit` group to app/cli.py's subparsers. The `replay` subcommand belongs here too.
+`add_audit(sub)` adds the `audit` group to app/cli.py's subparsers. Subcommands: replay, batch, coverage.
 """
 from __future__ import annotations
 
 import argparse
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from replay.console import replay_main
+    return replay_main(args.run, args.until_step, args.from_checkpoint, args.device, args.corpus,
+                       not args.no_progress, args.threads)
+
+
+def add_replay_command(asub: argparse._SubParsersAction) -> None:
+    """`audit replay`."""
+    r = asub.add_parser("replay", help="replay steps on this device; MATCH or MISMATCH (first step, stage, element)",
+                        description="Exit status: 0 MATCH, 1 MISMATCH, 2 refused input.")
+    r.add_argument("--run", required=True, help="run directory")
+    r.add_argument("--until-step", type=int, required=True, help="last step to replay (inclusive)")
+    r.add_argument("--from-checkpoint", type=int, default=None,
+                   help="start from the run's checkpoint of this step (default: from the initialization)")
+    r.add_argument("--device", default="cpu", help="cpu or cuda")
+    r.add_argument("--corpus", default=None, help="read this copy of the corpus instead of the config's; manifest "
+                                                 "differences are reported, the tokens checked by the step digests")
+    r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")
+    r.add_argument("--no-progress", action="store_true", help="no live progress display")
+    r.set_defaults(func=_replay)
 
 
 def _batch(args: argparse.Namespace) -> int:
@@ -48,4 +70,5 @@ def add_audit(sub: argparse._SubParsersAction) -> None:
     """The `audit` group."""
     audit = sub.add_parser("audit", help="replay steps and certify a run: replay, batch, coverage")
     asub = audit.add_subparsers(dest="audit_cmd", required=True)
+    add_replay_command(asub)
     add_batch_commands(asub)
