@@ -150,7 +150,8 @@ class Auditor:
             row.update(verdict="REFUSED", mismatch_detail=f"{type(e).__name__}: {e}")
         else:
             row.update(verdict=r.verdict, expected_chain=r.expected_chain, computed_chain=r.computed_chain,
-                       steps_replayed=r.steps_replayed, backend=r.backend, device=r.device)
+                       steps_replayed=r.steps_replayed, backend=r.backend, device=r.device,
+                       start_checkpoint=getattr(r, "start_step", row["start_checkpoint"]))
             if r.mismatch is not None:
                 row.update(mismatch_step=r.mismatch.step, mismatch_stage=r.mismatch.stage,
                            mismatch_detail=r.mismatch.detail)

@@ -23,17 +23,9 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray instance for the session, advertising two simulated hardware kinds."""
-    import importlib.util
-
     import ray
 
-    env = {}
-    if importlib.util.find_spec("replay.core") is None:  # until replay/core.py lands: test_batch_standin.py
-        here = str(Path(__file__).parent)
-        env = {"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])},
-               "worker_process_setup_hook": "test_batch_standin.install"}
-    ray.init(num_cpus=4, resources={"cpu_x86": 2, "cpu_arm": 2}, include_dashboard=False, log_to_driver=False,
-             runtime_env=env or None)
+    ray.init(num_cpus=4, resources={"cpu_x86": 2, "cpu_arm": 2}, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -116,7 +108,8 @@ def test_tampered_state_hash_fails_its_segment(ray_cluster, run12, tmp_path):
     cov = coverage_of(bad)
     assert cov.verdict == "FAILED at step 5"
     [cert] = [c for c in cov.certs if c["verdict"] == "MISMATCH"]
-    assert (cert["first_step"], cert["end_step"], cert["mismatch_step"]) == (4, 8, 5)
+    assert (cert["first_step"], cert["end_step"], cert["mismatch_step"], cert["mismatch_stage"]) == (4, 8, 5, "state")
+    assert "state hash" in cert["mismatch_detail"] and cert["computed_chain"] != cert["expected_chain"]
     assert sorted(c["verdict"] for c in cov.certs) == ["MATCH", "MATCH", "MISMATCH"]
     assert (bad / "audit" / "coverage.png").stat().st_size > 0
 
