@@ -1,9 +1,10 @@
 """Batch audits on Ray Data: segments of steps fanned out to an actor pool of auditors, one certificate each.
 
-Segments are [A, A+K), [A+K, A+2K), ... cut short where a checkpoint lies inside, so that every segment after
-the first starts on a checkpoint whenever one is within K steps: its auditor then loads that checkpoint and
-replays only the segment. A segment whose start has no checkpoint still works: its auditor replays from the
-latest checkpoint before it (or from init), and those warm-up steps cost time but are not certified by it.
+Segments are [A, A+K), [A+K, A+2K), ... aligned to the run's checkpoints: a segment ends where the next would
+start on a checkpoint (checkpoints every 4, K 4 or 6: [0,4) [4,8) ...), so its auditor loads that checkpoint and
+replays only the segment. When checkpoints are further apart than K, each gap is cut into near-equal pieces of
+at most K; a piece not starting on a checkpoint still works: its auditor replays from the latest checkpoint
+before it (or from init), and those warm-up steps cost time but are not certified by it.
 The run directory must be readable at the same path by every auditor (one machine, or a shared filesystem);
 certificates are written by the driver only, to RUN/audit/certificates/<job-id>.parquet.
 """
@@ -50,18 +51,27 @@ def default_segment(checkpoints: list[int]) -> int:
 
 
 def plan_segments(first: int, end: int, k: int, checkpoints: list[int]) -> list[tuple[int, int]]:
-    """[first, end) in segments of at most k steps, each ending on the last checkpoint within reach if any."""
+    """[first, end) in segments of at most k steps that start on checkpoints wherever the spacing allows.
+
+    Whole checkpoint intervals are joined while the segment stays within k steps; an interval longer than k
+    is cut into near-equal pieces (the first on its checkpoint; the others replay from it first)."""
     if k < 1:
         raise ConfigError(f"--segment {k}: must be >= 1")
-    ck = sorted(set(checkpoints))
+    bounds = [first, *sorted({c for c in checkpoints if first < c < end}), end]
     out, cur = [], first
-    while cur < end:
-        nxt = min(cur + k, end)
-        if nxt < end:
-            inside = [c for c in ck if cur < c <= nxt]
-            nxt = inside[-1] if inside else nxt
-        out.append((cur, nxt))
-        cur = nxt
+    for a, b in zip(bounds, bounds[1:]):
+        if b - a > k:
+            if cur < a:
+                out.append((cur, a))
+            n = -(-(b - a) // k)
+            cuts = [a + (b - a) * i // n for i in range(n + 1)]
+            out.extend(zip(cuts, cuts[1:]))
+            cur = b
+        elif b - cur > k:
+            out.append((cur, a))
+            cur = a
+    if cur < end:
+        out.append((cur, end))
     return out
 
 

@@ -18,7 +18,10 @@ def test_segments_follow_checkpoints():
     assert plan_segments(0, 12, 4, [4, 8, 12]) == [(0, 4), (4, 8), (8, 12)]
     assert plan_segments(2, 12, 4, [4, 8, 12]) == [(2, 4), (4, 8), (8, 12)]  # later starts snap to checkpoints
     assert plan_segments(0, 12, 6, [4, 8, 12]) == [(0, 4), (4, 8), (8, 12)]  # never longer than K
-    assert plan_segments(0, 25, 10, []) == [(0, 10), (10, 20), (20, 25)]  # no checkpoints: plain K-steps
+    assert plan_segments(0, 12, 10, [4, 8, 12]) == [(0, 8), (8, 12)]  # whole checkpoint gaps joined up to K
+    assert plan_segments(0, 12, 3, [4, 8, 12]) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
+    assert plan_segments(0, 25, 10, []) == [(0, 8), (8, 16), (16, 25)]  # no checkpoints: near-equal, <= K
+    assert plan_segments(5, 7, 100, [4, 8]) == [(5, 7)]
     assert default_segment([100, 200, 205]) == 100 and default_segment([]) == 100
     with pytest.raises(ConfigError, match="--segment"):
         plan_segments(0, 4, 0, [])
