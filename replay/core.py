@@ -175,6 +175,12 @@ def _tensor_detail(r: _Run, ctx: StepContext, step: int, stage: str, rec: dict, 
         for k in counters:
             if counters[k] != mine[k]:
                 return f"; against checkpoint {path.name}: {k} {counters[k]!r}, replay {mine[k]!r}"
+        theirs = dict(manifest["stream_state"], stream={**manifest["stream_state"]["stream"], "manifest": r.ident})
+        mine = r.stream_state(step + 1, ctx.batch)
+        if theirs != mine:
+            keys = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+            return (f"; against checkpoint {path.name}: stream state differs in {keys} (checkpoint "
+                    f"{ {k: theirs.get(k) for k in keys} }, replay { {k: mine.get(k) for k in keys} })")
         if manifest["state_hash"] == rec.get("state_hash"):
             return f"; checkpoint {path.name} agrees with the log, the replay's stream state or metadata differs"
         return (f"; the replay's tensors and counters equal checkpoint {path.name}'s, whose manifest state hash is "
