@@ -40,15 +40,10 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _cli(argv: list[str]) -> int:
-    """The audit commands as `python -m app` parses them (replay/cli.py's group on a bare parser)."""
-    import argparse
+    """`python -m app ...` in this process (so it uses the session's Ray instance)."""
+    from app.cli import main
 
-    from replay.cli import add_audit
-
-    p = argparse.ArgumentParser()
-    add_audit(p.add_subparsers(dest="group", required=True))
-    args = p.parse_args(argv)
-    return args.func(args)
+    return main(argv)
 
 
 def _train(corpus: Path, out: Path, steps: int, seed: int = 42) -> Path:
@@ -141,3 +136,8 @@ def test_corrupt_checkpoint_is_a_refused_certificate(ray_cluster, run12, tmp_pat
     [cert] = read_certificates(next((bad / "audit" / "certificates").glob("*.parquet")))
     assert cert["verdict"] == "REFUSED" and "params.safetensors" in cert["mismatch_detail"]
     assert coverage_of(bad).verdict == "INCOMPLETE: 0/12 steps certified"
+
+
+def test_refused_arguments_exit_2(ray_cluster, run12):
+    assert _cli(["audit", "batch", "--run", str(run12), "--steps", "0:13"]) == 2
+    assert _cli(["audit", "batch", "--run", str(run12), "--kind", "gpu_nvidia"]) == 2  # the cluster has none
