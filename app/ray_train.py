@@ -112,26 +112,23 @@ def worker_loop(config: dict) -> None:
     t = RayTrainer(cfg, config["out"], opts, resume=True, group=group, writer=rank == 0)
     t.metrics.append({"event": "workers", "world": world, "from_step": t.state.step,
                       "checkpoint": str(t.resumed_from), "time": time.time()})
-    fail_at = config.get("fail_at")  # tests: (step, rank, marker file): that rank's process dies once there
     if t.state.step >= opts.steps:
         return
-    if fail_at:
-        step, who, marker = fail_at
+    delay = config.get("step_delay_s")  # tests: slow the steps down so a node can be removed mid-run
+    if delay:
         one_step = t.one_step
 
-        def maybe_die():
-            if t.state.step == step and rank == who and not os.path.exists(marker):
-                Path(marker).write_text(str(world))
-                os._exit(1)
+        def slow_step():
+            time.sleep(delay)
             return one_step()
 
-        t.one_step = maybe_die
+        t.one_step = slow_step
     t.run()
 
 
 def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tuple[int, int], resume: bool = False,
               address: str | None = None, max_failures: int = 3, threads: int = 0, resize_interval_s: float = 60.0,
-              fail_at: tuple | None = None, resources_per_worker: dict | None = None) -> dict:
+              step_delay_s: float = 0.0, resources_per_worker: dict | None = None) -> dict:
     """Train (or resume) the run at `out` on Ray Train workers; returns the run's summary ("end" event)."""
     import ray
     from ray.train import FailureConfig, RunConfig as RayRunConfig, ScalingConfig
@@ -155,7 +152,7 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
                             resources_per_worker=resources_per_worker or {"CPU": 1},
                             **({} if lo == hi else {"elastic_resize_monitor_interval_s": resize_interval_s}))
     loop_cfg = {"cfg": cfg.to_dict(), "out": str(out), "steps": opts.steps, "checkpoint_every": opts.checkpoint_every,
-                "eval_every": opts.eval_every, "threads": threads, "cwd": os.getcwd(), "fail_at": fail_at}
+                "eval_every": opts.eval_every, "threads": threads, "cwd": os.getcwd(), "step_delay_s": step_delay_s}
     trainer = TorchTrainer(worker_loop, train_loop_config=loop_cfg, scaling_config=scaling,
                            run_config=RayRunConfig(name=out.name, storage_path=str(out / "ray"),
                                                    failure_config=FailureConfig(max_failures=max_failures)))
