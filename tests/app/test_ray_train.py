@@ -60,3 +60,29 @@ def test_two_workers_equal_one_process(cfg1, ray_local, tmp_path):
     events = [json.loads(x) for x in (real / "metrics.jsonl").read_text().splitlines()]
     assert [e["world"] for e in events if e["event"] == "workers"] == [2]
     assert any(p.name.startswith("checkpoint") for p in (real / "ray").rglob("*") if p.is_dir())
+
+
+def test_workers_option_and_refusals(cfg1):
+    """--workers parsing; a real group refuses `ordered` reduction and a topology that is not world x 1."""
+    import torch
+
+    from app.errors import ConfigError
+    from app.init import init_params
+    from app.ray_train import parse_workers
+    from app.step import StepContext, TrainState, run_step
+
+    assert parse_workers("2") == (2, 2) and parse_workers("2:4") == (2, 4)
+    for bad in ("0", "3:2", "a:b"):
+        with pytest.raises(ConfigError):
+            parse_workers(bad)
+
+    class Two:  # rank 0 of a (pretend) 2-worker group: the refusals come before any collective
+        rank, world = 0, 2
+
+    tokens = torch.zeros((2, cfg1.model.seq_len + 1), dtype=torch.int64)
+    for cfg, topo, word in ((cfg1.replace(**{"train.reduction": "ordered"}), Topology(2, 1), "ordered"),
+                            (cfg1, Topology(1, 2), "dp_shard")):
+        ctx = StepContext.build(cfg)
+        state = TrainState.fresh(init_params(cfg.model, cfg.train.seed))
+        with pytest.raises(ConfigError, match=word):
+            run_step(state, tokens, topo, ctx, Two())
