@@ -7,7 +7,7 @@ import sys
 
 def _demo(args: argparse.Namespace) -> int:
     from app.demo import main as demo
-    return demo(args.steps, args.out)
+    return demo(args.steps, args.out, args.workers)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train the tiny model on the embedded corpus (built if missing)")
     demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--out", default=None, help="run directory (default: the first free runs/demo-N)")
+    demo.add_argument("--workers", default=None, help="train on N (or MIN:MAX) Ray Train workers of a local Ray "
+                      "instance started and stopped for the demo")
     demo.set_defaults(func=_demo)
     _add_audit(sub)
     _add_data(sub)
