@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo demo-ray test install clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PY) -m venv $(VENV)
@@ -15,6 +15,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	RAY_AUTH_MODE=disabled $(BIN)/python -m app demo
+
+# the tiny model on 2 Ray Train workers of a local Ray instance the command starts and stops (docs/cluster.md)
+demo-ray: $(STAMP)
+	RAY_AUTH_MODE=disabled $(BIN)/python -m app demo --workers 2
 
 test: $(STAMP)
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu"

@@ -7,10 +7,19 @@ import sys
 
 def _demo(args: argparse.Namespace) -> int:
     from app.demo import main as demo
-    return demo(args.steps, args.out)
+    return demo(args.steps, args.out, args.workers)
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.workers:
+        if args.topology != "1x1" or args.device != "cpu":
+            print("error: --workers: the topology is the real world size and workers run on CPU (gloo); "
+                  "drop --topology/--device", file=sys.stderr)
+            return 2
+        from app.ray_train import main as ray_train
+        return ray_train(args.config, args.steps, args.out, args.workers, args.resume, args.checkpoint_every,
+                         args.eval_every, args.micro_batch, args.corpus, args.threads, args.address,
+                         args.max_failures)
     from app.train import main as train
     return train(args.config, args.steps, args.out, args.resume, args.checkpoint_every, args.eval_every,
                  args.topology, args.micro_batch, args.corpus, args.device, not args.no_progress, args.threads)
@@ -35,6 +44,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--device", default="cpu", help="cpu or cuda")
     t.add_argument("--no-progress", action="store_true", help="no live progress display")
     t.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")
+    t.add_argument("--workers", default=None, help="train on Ray Train workers: N or MIN:MAX (elastic); "
+                   "default: this process only")
+    t.add_argument("--address", default=None, help="with --workers: Ray cluster address (default: RAY_ADDRESS, "
+                   "else a running local cluster, else a new one)")
+    t.add_argument("--max-failures", type=int, default=3, help="with --workers: worker-group restarts allowed")
     t.set_defaults(func=_train)
     r = sub.add_parser("report", help="plots and gradient-norm statistics of a run")
     r.add_argument("--run", required=True, help="run directory")
@@ -142,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train the tiny model on the embedded corpus (built if missing)")
     demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--out", default=None, help="run directory (default: the first free runs/demo-N)")
+    demo.add_argument("--workers", default=None, help="train on N (or MIN:MAX) Ray Train workers of a local Ray "
+                      "instance started and stopped for the demo")
     demo.set_defaults(func=_demo)
     _add_audit(sub)
     _add_data(sub)

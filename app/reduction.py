@@ -116,6 +116,16 @@ class ExactSum:
         self.bad = self.bad + other.bad
         self.count += other.count
 
+    def shared(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(limbs, bad) for a cross-rank int64/float64 all-reduce SUM (integer addition: any order, same bits).
+
+        Materializes the limbs (a pending single partial is accumulated); after the in-place all-reduce the
+        accumulator holds the sum over every rank and `result` gives the same bits as one process would."""
+        self._flush()
+        if self.limbs is None:
+            self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
+        return self.limbs, self.bad
+
     def result(self, scale: float = 1.0) -> torch.Tensor:
         """The sum times the host double `scale` (e.g. 1/n), rounded once to float32."""
         if self.pending is not None:
@@ -164,6 +174,22 @@ def _checked(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topo: To
         raise ConfigError(f"reduction: got {i} partials, the mesh {topo.label()} x accum {accum} has {len(want)}")
 
 
+def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]]) -> dict[str, ExactSum]:
+    """Per tensor name, the ExactSum of the partials (any order, any subset: e.g. one real rank's microbatches)."""
+    sums: dict[str, ExactSum] = {}
+    for _, g in partials:
+        for k, v in g.items():
+            if k not in sums:
+                sums[k] = ExactSum(tuple(v.shape), v.device)
+            sums[k].add(v)
+    return sums
+
+
+def exact_result(sums: dict[str, ExactSum], n: int) -> dict[str, torch.Tensor]:
+    """The mean over `n` microbatches from the (possibly all-reduced) exact sums."""
+    return {k: s.result(1.0 / n) for k, s in sums.items()}
+
+
 def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topology: Topology, accum: int,
                      mode: str = "exact") -> dict[str, torch.Tensor]:
     """The mean gradient over all microbatches of a step, reduced by `mode` (module doc); float32 tensors.
@@ -174,14 +200,7 @@ def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], 
         raise ConfigError(f"train.reduction: expected one of {REDUCTIONS}, got {mode!r}")
     it = _checked(partials, topology, accum)
     if mode == "exact":
-        sums: dict[str, ExactSum] = {}
-        for _, g in it:
-            for k, v in g.items():
-                if k not in sums:
-                    sums[k] = ExactSum(tuple(v.shape), v.device)
-                sums[k].add(v)
-        n = topology.world * accum
-        return {k: s.result(1.0 / n) for k, s in sums.items()}
+        return exact_result(exact_sums(it), topology.world * accum)
     fold = TreeFold()
     inner = rank = None
     for c, g in it:

@@ -12,6 +12,13 @@ microbatches' float32 (loss, ce, z) rows sorted by their windows; `backward`, bl
 "windows:digest_many(partial gradients);" sorted by windows; `reduced` and `clipped`, digest_many of the
 reduced and post-clip gradients; `optimizer`, digest_many of the updated parameters and both moments.
 Keyed by windows, not mesh position, they name the same work under any topology.
+
+Real data parallelism (app/ray_train.py): `run_step(..., group=g)` with a real group of g.world ranks and
+topology g.world x 1: this process computes only the microbatches of rank g.rank, then the exact int64
+accumulators are summed across ranks (all-reduce SUM on integers: order-free, so every rank holds the bits
+the one-process virtual topology computes), and the per-microbatch loss rows, partial digests and expert
+loads are gathered so every rank logs the same digests. Exact reduction only: `ordered` with more than one
+real rank would need collectives' recursive doubling wired in (not done) and is refused.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from app.errors import ConfigError
 from app.model import forward, rope_for
 from app.optim import SpikeState, adamw_update, clip, spike_decision
 from app.params import ParamSpec, spec_map
-from app.reduction import Coord, mesh_order, reduce_gradients
+from app.reduction import Coord, exact_result, exact_sums, mesh_order, reduce_gradients
 from kernels.ref.reduce import exact_mean
 
 F32 = torch.float32
@@ -137,8 +144,12 @@ def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, 
         yield coord, g
 
 
-def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: StepContext) -> StepResult:
-    """Run step `state.step` on its windows `tokens` [windows, seq_len + 1] (int64, in window order); in place."""
+def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: StepContext,
+             group=None) -> StepResult:
+    """Run step `state.step` on its windows `tokens` [windows, seq_len + 1] (int64, in window order); in place.
+
+    `group` (optional): a real data-parallel group with .rank, .world, .all_reduce_sum_(tensor) and
+    .all_gather(obj) -> list; this process then runs only its rank's microbatches (module doc)."""
     t = ctx.cfg.train
     step = state.step
     lo, hi = ctx.batch.window_range(step)
@@ -148,13 +159,39 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         raise ConfigError(f"step {step} would train on windows [{lo}, {hi}) past train.heldout_window="
                           f"{t.heldout_window}: the held-out slice; raise heldout_window or stop earlier")
     accum, plan = microbatch_plan(step, topology, t.micro_batch, ctx.batch)
+    if group is not None:
+        if topology.dp_shard != 1 or topology.world != group.world:
+            raise ConfigError(f"real data parallelism: topology {topology.label()} must be {group.world}x1 "
+                              f"(dp_shard > 1 is not implemented on real workers)")
+        if t.reduction != "exact" and group.world > 1:
+            raise ConfigError(f"train.reduction={t.reduction!r} on {group.world} real workers: only 'exact' is "
+                              f"wired to real collectives")
+        plan = [(c, w) for c, w in plan if c.replica == group.rank]
     params32 = {k: v.to(F32).requires_grad_(True) for k, v in state.params.items()}  # widened once per step
     losses: list = []
     load: dict[str, torch.Tensor] = {}
     partial_digests = [] if t.stage_digests else None
     hash_time = [0.0]
-    reduced = reduce_gradients(_partials(params32, tokens, lo, plan, ctx, losses, partial_digests, load, hash_time),
-                               topology, accum, t.reduction)
+    parts = _partials(params32, tokens, lo, plan, ctx, losses, partial_digests, load, hash_time)
+    if group is None:
+        reduced = reduce_gradients(parts, topology, accum, t.reduction)
+    else:
+        sums = exact_sums(parts)
+        for k in sorted(sums):  # the same order on every rank
+            for buf in sums[k].shared():
+                group.all_reduce_sum_(buf)
+        reduced = exact_result(sums, topology.world * accum)
+        # every rank sees every microbatch's rows, digests and loads (in window order after the sort below)
+        mine = ([(w, x.tolist()) for w, x in losses], partial_digests,
+                {k: v.tolist() for k, v in load.items()})
+        losses, partial_digests, load = [], [] if partial_digests is not None else None, {}
+        for rl, rd, rload in group.all_gather(mine):
+            losses += [(w, torch.tensor(x, dtype=F32)) for w, x in rl]
+            if partial_digests is not None:
+                partial_digests += rd
+            for layer, counts in rload.items():
+                c = torch.tensor(counts, dtype=torch.int64)
+                load[layer] = load[layer] + c if layer in load else c
     # microbatches keyed by their windows: the stage digests name the same work under any mesh order
     losses.sort(key=lambda wl: wl[0])
     per_mb = torch.stack([x for _, x in losses])  # [microbatches, (loss, ce, z)] in window order

@@ -78,11 +78,28 @@ def _record(r: StepResult, tokens: int, state_digest: bytes, chain_digest: bytes
                                                                      if r.expert_load else {})}
 
 
-class Trainer:
-    """One run: `Trainer(cfg, out, opts, resume).run()`."""
+class _NullLog:
+    """The log of a process that does not write the run directory (a data-parallel rank other than 0)."""
 
-    def __init__(self, cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False) -> None:
+    def append(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Trainer:
+    """One run: `Trainer(cfg, out, opts, resume).run()`.
+
+    `group` (app/ray_train.py): a real data-parallel group every rank's Trainer shares; each step then runs
+    only this rank's microbatches (app/step.py). `writer`: whether this process writes the run directory
+    (hash log, metrics, checkpoints); the other ranks only read it (their checkpoint on resume).
+    """
+
+    def __init__(self, cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False,
+                 group=None, writer: bool = True) -> None:
         self.cfg, self.out, self.opts = cfg, Path(out), opts
+        self.group, self.writer = group, writer
         self.code = code_version()
         self.config_json = canonical_json(cfg.to_dict()).decode()
         self.ctx = StepContext.build(cfg, opts.device)
@@ -94,13 +111,15 @@ class Trainer:
                               f"{vocab}-token tokenizer")
         self.heldout = heldout_tokens(cfg, self.ctx.device)
         self._open_run_dir(resume)
-        self.metrics = JsonlLog(self.out / METRICS)
+        self.metrics = JsonlLog(self.out / METRICS) if writer else _NullLog()
         self.expected: dict[int, dict] = {}
         self.state, self.prev = self._resume() if resume else self._fresh()
-        self.log = JsonlLog(self.out / HASHLOG)
+        self.log = JsonlLog(self.out / HASHLOG) if writer else _NullLog()
 
     # -- run directory, start, resume -------------------------------------------------------------------
     def _open_run_dir(self, resume: bool) -> None:
+        if not resume and not self.writer:
+            raise RunDirError(f"{self.out}: a process that does not write the run directory can only resume it")
         if resume:
             if not (self.out / CONFIG).is_file():
                 raise RunDirError(f"{self.out}: --resume needs an existing run directory with {CONFIG}")
@@ -136,6 +155,10 @@ class Trainer:
         path = ckpt.ckpt_dir(self.out, steps[-1])
         state, manifest = ckpt.load_checkpoint(path, self.ctx.specs, self.code, self.ctx.device)
         self.stream.restore(manifest["stream_state"])
+        self.resumed_from = path
+        if not self.writer:  # the writer checks the log against the checkpoint and rewrites it
+            self.last_state_hash = manifest["state_hash"]
+            return state, bytes.fromhex(manifest["chain_hash"])
         records = read_jsonl(self.out / HASHLOG)
         keep = [r for r in records if r["step"] < state.step]
         if not keep or keep[-1]["step"] != state.step - 1 or keep[-1]["chain_hash"] != manifest["chain_hash"]:
@@ -155,6 +178,8 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------------------
     def evaluate(self) -> dict:
+        if not self.writer:
+            return {}
         rec = {"event": "eval", "step": self.state.step, "tokens": self.state.tokens,
                "weight_norms": weight_norms(self.state.params, self.cfg)}
         if self.heldout is not None:
@@ -168,7 +193,7 @@ class Trainer:
         lo, hi = self.ctx.batch.window_range(step)
         t0 = time.perf_counter()
         tokens = torch.from_numpy(self.stream.windows(lo, hi)).to(torch.int64).to(self.ctx.device)
-        r = run_step(self.state, tokens, self.opts.topology, self.ctx)
+        r = run_step(self.state, tokens, self.opts.topology, self.ctx, self.group)
         t1 = time.perf_counter()
         sdig = state_hash(state_entries(self.state, self.config_json, self.code,
                                         self.stream.state_for_step(step + 1, self.ctx.batch)))
@@ -186,7 +211,9 @@ class Trainer:
                              "tokens_per_s": (hi - lo) * self.cfg.model.seq_len / (t2 - t0)})
         return rec, t2 - t0, hashing
 
-    def checkpoint(self) -> Path:
+    def checkpoint(self) -> Path | None:
+        if not self.writer:
+            return None
         path = ckpt.save_checkpoint(self.out, self.state, self.cfg.to_dict(), self.code,
                                     self.stream.state_for_step(self.state.step, self.ctx.batch),
                                     self.last_state_hash, self.prev.hex())
@@ -226,7 +253,8 @@ class Trainer:
             self.evaluate()
         if not o.checkpoint_every or self.state.step % o.checkpoint_every:
             self.checkpoint()  # the end state is always resumable
-        plot_losses(self.out)
+        if self.writer:
+            plot_losses(self.out)
         evals = [r for r in read_jsonl(self.out / METRICS) if r.get("event") == "eval" and "heldout_ce" in r]
         summary = {"event": "end", "run": str(self.out), "steps": self.state.step, "tokens": self.state.tokens,
                    "first_loss": losses[0], "last_loss": losses[-1],

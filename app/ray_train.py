@@ -1,0 +1,186 @@
+"""Elastic data-parallel training on Ray Train V2 (`TorchTrainer`): the same Trainer and step on real ranks.
+
+The driver (`python -m app train --workers MIN:MAX ...`) creates the run directory exactly as the one-process
+trainer does (config.json, run.json, the init record) plus a checkpoint of step 0, then starts a
+`TorchTrainer` with `ScalingConfig(num_workers=(MIN, MAX))` (or a fixed count) and
+`FailureConfig(max_failures=...)`. Every worker, on every (re)start of the worker group:
+
+- joins the gloo process group Ray Train set up (world R, rank r) and wraps it (`TorchGroup`);
+- loads the latest verified checkpoint of the run directory (app/checkpoint.py) and restores the stream
+  state; rank 0 also checks the hash log against it, keeps later records aside and re-checks them as the
+  steps recur (Trainer's resume);
+- runs each step on topology "Rx1": it computes only the microbatches of the windows it owns
+  (m mod R == r, stream.windows_for), and the exact int64 gradient accumulators are all-reduced (SUM) before
+  the clip and AdamW (app/step.py). With `exact` reduction and micro_batch = 1 a step's bits do not depend
+  on R at all, so the run's chain of state hashes is the one-process run's; only the `topology` field of each
+  record says how many workers ran the step.
+- rank 0 writes the hash log, metrics and checkpoints, and reports each checkpoint with
+  `ray.train.report(metrics, checkpoint=Checkpoint.from_directory(...))`; the other ranks report metrics only.
+
+The run directory must be one the workers all see (a shared filesystem on a multi-node cluster; one local
+disk for `ray start --head` on one machine). Every step's window count must be a multiple of each world size
+the scaling range allows times micro_batch (e.g. 12 windows per step for 1..4 workers); a step refuses
+otherwise. Not implemented on real workers: dp_shard > 1 (sharded optimizer state) and `ordered` reduction.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # Ray Train V2 (elastic ScalingConfig) in ray 2.60
+
+import torch
+
+from app.config import RunConfig, Topology, from_dict
+from app.errors import ConfigError
+from app.hashlog import read_jsonl
+from app.train import METRICS, TrainOptions, Trainer
+
+
+class TorchGroup:
+    """The data-parallel group app/step.py needs, over the default torch.distributed process group."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def all_reduce_sum_(self, t: torch.Tensor) -> None:
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM)  # int64 (or inf/NaN flags): order-free
+
+    def all_gather(self, obj) -> list:
+        out = [None] * self.world
+        self._dist.all_gather_object(out, obj)
+        return out
+
+
+class SoloGroup:
+    """One worker without a process group."""
+
+    rank, world = 0, 1
+
+    def all_reduce_sum_(self, t: torch.Tensor) -> None:
+        pass
+
+    def all_gather(self, obj) -> list:
+        return [obj]
+
+
+class RayTrainer(Trainer):
+    """Trainer on one Ray Train worker: checkpoints are also reported to Ray Train (every rank reports)."""
+
+    def checkpoint(self) -> Path | None:
+        import ray.train
+
+        path = super().checkpoint()
+        metrics = {"step": self.state.step, "world": self.group.world, "chain_hash": self.prev.hex()}
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)) if path else None)
+        return path
+
+
+def parse_workers(text: str) -> tuple[int, int]:
+    """'2' -> (2, 2); '2:4' -> (2, 4)."""
+    try:
+        lo, _, hi = text.partition(":")
+        lo_i, hi_i = int(lo), int(hi or lo)
+    except ValueError:
+        raise ConfigError(f"--workers: expected N or MIN:MAX, got {text!r}") from None
+    if not 1 <= lo_i <= hi_i:
+        raise ConfigError(f"--workers: need 1 <= MIN <= MAX, got {text!r}")
+    return lo_i, hi_i
+
+
+def worker_loop(config: dict) -> None:
+    """The Ray Train worker function (module doc)."""
+    import ray.train
+    import torch.distributed as dist
+
+    if config.get("cwd") and os.path.isdir(config["cwd"]):
+        os.chdir(config["cwd"])  # relative corpus paths resolve as on the driver
+    if config.get("threads"):
+        torch.set_num_threads(config["threads"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    group = TorchGroup() if dist.is_available() and dist.is_initialized() else SoloGroup()
+    if (group.rank, group.world) != (rank, world):
+        raise RuntimeError(f"torch.distributed rank/world {group.rank}/{group.world} != Ray Train's {rank}/{world}")
+    cfg = from_dict(config["cfg"])
+    opts = TrainOptions(config["steps"], config["checkpoint_every"], config["eval_every"], Topology(world, 1),
+                        "cpu", progress=False)
+    t = RayTrainer(cfg, config["out"], opts, resume=True, group=group, writer=rank == 0)
+    t.metrics.append({"event": "workers", "world": world, "from_step": t.state.step,
+                      "checkpoint": str(t.resumed_from), "time": time.time()})
+    if t.state.step >= opts.steps:
+        return
+    delay = config.get("step_delay_s")  # tests: slow the steps down so a node can be removed mid-run
+    if delay:
+        one_step = t.one_step
+
+        def slow_step():
+            time.sleep(delay)
+            return one_step()
+
+        t.one_step = slow_step
+    t.run()
+
+
+def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tuple[int, int], resume: bool = False,
+              address: str | None = None, max_failures: int = 3, threads: int = 0, resize_interval_s: float = 60.0,
+              step_delay_s: float = 0.0, resources_per_worker: dict | None = None) -> dict:
+    """Train (or resume) the run at `out` on Ray Train workers; returns the run's summary ("end" event)."""
+    import ray
+    from ray.train import FailureConfig, RunConfig as RayRunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    out = Path(out).resolve()
+    if opts.topology.world != 1:
+        raise ConfigError("--topology: with --workers the topology is the real world size (Rx1)")
+    if cfg.train.reduction != "exact" and workers[1] > 1:
+        raise ConfigError(f"train.reduction={cfg.train.reduction!r}: only 'exact' runs on real workers")
+    if not resume:  # the run directory, the init record and a checkpoint of step 0, as the one-process trainer
+        t = Trainer(cfg, out, opts)
+        t.metrics.append({"event": "ray", "workers": f"{workers[0]}:{workers[1]}", "time": time.time()})
+        t.checkpoint()
+        t.log.close()
+        t.metrics.close()
+    if not ray.is_initialized():
+        ray.init(address=address)
+    lo, hi = workers
+    scaling = ScalingConfig(num_workers=lo if lo == hi else (lo, hi), use_gpu=False,
+                            resources_per_worker=resources_per_worker or {"CPU": 1},
+                            **({} if lo == hi else {"elastic_resize_monitor_interval_s": resize_interval_s}))
+    loop_cfg = {"cfg": cfg.to_dict(), "out": str(out), "steps": opts.steps, "checkpoint_every": opts.checkpoint_every,
+                "eval_every": opts.eval_every, "threads": threads, "cwd": os.getcwd(), "step_delay_s": step_delay_s}
+    trainer = TorchTrainer(worker_loop, train_loop_config=loop_cfg, scaling_config=scaling,
+                           run_config=RayRunConfig(name=out.name, storage_path=str(out / "ray"),
+                                                   failure_config=FailureConfig(max_failures=max_failures)))
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    ends = [r for r in read_jsonl(out / METRICS) if r.get("event") == "end"]
+    if not ends:
+        raise RuntimeError(f"{out}: the Ray run finished without an end record")
+    return ends[-1]
+
+
+def main(config: str, steps: int, out: str, workers: str, resume: bool = False, checkpoint_every: int = 100,
+         eval_every: int = 50, micro_batch: int | None = None, corpus: str | None = None, threads: int = 0,
+         address: str | None = None, max_failures: int = 3) -> int:
+    """`python -m app train --workers MIN:MAX ...`: train on Ray Train, print the one-line summary."""
+    from rich.console import Console
+
+    from app.presets import preset
+
+    cfg = preset(config)
+    if micro_batch is not None:
+        cfg = cfg.replace(**{"train.micro_batch": micro_batch})
+    if corpus is not None:
+        cfg = cfg.replace(**{"train.corpus": corpus})
+    opts = TrainOptions(steps, checkpoint_every, eval_every, Topology(), "cpu", progress=False)
+    s = train_ray(cfg, out, opts, parse_workers(workers), resume, address, max_failures, threads)
+    Console(soft_wrap=True).print(
+        f"run {s['run']}: {s['steps']} steps on Ray workers {workers}, {s['tokens']:,} tokens, loss "
+        f"{s['first_loss']:.3f} -> {s['last_loss']:.3f}, run hash {s['run_hash']}")
+    return 0
