@@ -1,5 +1,4 @@
 """A CollectiveGroup formed by Ray actors (gloo on localhost) gives TreeFold's bits."""
-import os
 
 import pytest
 
@@ -7,18 +6,6 @@ ray = pytest.importorskip("ray")
 
 from collectives import treefold  # noqa: E402
 from collectives.selftest import GangMember, digest, make_inputs  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    """A small local Ray (reused if the session already started one)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def test_actor_gang_all_reduce_equals_treefold(ray_session):

@@ -12,16 +12,6 @@ ray = pytest.importorskip("ray")
 COLD = {0: [0, 1, 2]}
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
 def _digests(out):
     rec = read_manifest(out)["layers"]["0"]
     d = {p: v["blake3"] for p, v in rec["projections"].items()}
