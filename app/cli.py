@@ -7,7 +7,7 @@ import sys
 
 def _demo(args: argparse.Namespace) -> int:
     from app.demo import main as demo
-    return demo(args.steps, args.out, args.workers)
+    return demo(args.steps, args.out, args.workers, args.local)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -153,11 +153,13 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m app", description="Auditable LLM training.")
     sub = p.add_subparsers(dest="group", required=True)
-    demo = sub.add_parser("demo", help="train the tiny model on the embedded corpus (built if missing)")
+    demo = sub.add_parser("demo", help="the whole story on the embedded corpus: a local Ray cluster, elastic "
+                          "training of the tiny model, a batch audit of every step, the run's verdict")
     demo.add_argument("--steps", type=int, default=200)
     demo.add_argument("--out", default=None, help="run directory (default: the first free runs/demo-N)")
     demo.add_argument("--workers", default=None, help="train on N (or MIN:MAX) Ray Train workers of a local Ray "
-                      "instance started and stopped for the demo")
+                      "instance started and stopped for the demo (no resize, no audit)")
+    demo.add_argument("--local", action="store_true", help="train in this process only (no Ray, no audit)")
     demo.set_defaults(func=_demo)
     _add_audit(sub)
     _add_data(sub)
