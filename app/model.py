@@ -8,7 +8,9 @@
     loss = CE + z * lse^2 over RMSNorm(h) W_head^T                   # BR contraction, untied head
 
 Functional: parameters come in as a dict of float32 tensors (the bf16 masters widened once per step)
-so the same code serves training, evaluation, calibration and the replay.
+so the same code serves training, evaluation, calibration and the replay. `ops` is the op namespace the
+forward calls through: kernels.ref (the definitions, the default) or kernels.backend("triton") (the Triton
+twins where they exist, the same bits on CUDA); the choice never changes a bit, only the speed.
 """
 from __future__ import annotations
 
@@ -16,15 +18,18 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels.ref.attention
+import kernels.ref.embedding
+import kernels.ref.int8_linear
+import kernels.ref.loss
+import kernels.ref.rmsnorm
+import kernels.ref.rope
+import kernels.ref.swiglu
 from app.config import ModelConfig
-from kernels.ref.attention import attention
-from kernels.ref.embedding import embedding
-from kernels.ref.int8_linear import int8_linear, repin_constant
-from kernels.ref.loss import cross_entropy_zloss
+from kernels import ref as REF
+from kernels.ref.int8_linear import repin_constant
 from kernels.ref.reduce import exact_mean
-from kernels.ref.rmsnorm import rmsnorm
-from kernels.ref.rope import apply_rope, rope_tables
-from kernels.ref.swiglu import swiglu
+from kernels.ref.rope import rope_tables
 
 F32 = torch.float32
 
@@ -52,15 +57,18 @@ class Calibration:
         return self.steps[name]
 
 
-def linear(p: dict[str, torch.Tensor], name: str, x: torch.Tensor, calib: Calibration | None = None) -> torch.Tensor:
+def linear(p: dict[str, torch.Tensor], name: str, x: torch.Tensor, calib: Calibration | None = None,
+           ops=REF) -> torch.Tensor:
     """int8 W8A8 QAT linear `name` (weight `name.weight`, activation step `name.s_x`)."""
     s_x = calib.step_for(f"{name}.s_x", x) if calib is not None else p[f"{name}.s_x"]
-    return int8_linear(x, p[f"{name}.weight"], s_x)
+    return ops.int8_linear.int8_linear(x, p[f"{name}.weight"], s_x)
 
 
-def ffn(p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, calib: Calibration | None = None) -> torch.Tensor:
+def ffn(p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, calib: Calibration | None = None,
+        ops=REF) -> torch.Tensor:
     """SwiGLU FFN: one fused gate|up GEMM, silu(gate) * up, the down projection."""
-    return linear(p, f"{prefix}.w_down", swiglu(linear(p, f"{prefix}.w_gate_up", x, calib)), calib)
+    up = ops.swiglu.swiglu(linear(p, f"{prefix}.w_gate_up", x, calib, ops))
+    return linear(p, f"{prefix}.w_down", up, calib, ops)
 
 
 def _heads(x: torch.Tensor, b: int, t: int, n: int, hd: int) -> torch.Tensor:
@@ -68,44 +76,48 @@ def _heads(x: torch.Tensor, b: int, t: int, n: int, hd: int) -> torch.Tensor:
 
 
 def attention_block(p: dict[str, torch.Tensor], cfg: ModelConfig, i: int, x: torch.Tensor,
-                    rope: tuple[torch.Tensor, torch.Tensor], calib: Calibration | None = None) -> torch.Tensor:
+                    rope: tuple[torch.Tensor, torch.Tensor], calib: Calibration | None = None,
+                    ops=REF) -> torch.Tensor:
     """GQA attention of layer i on normalized input x [B, T, D] -> [B, T, D] (before the residual)."""
     b, t, _ = x.shape
     hq, hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = linear(p, f"layers.{i}.attn.wqkv", x, calib)
+    qkv = linear(p, f"layers.{i}.attn.wqkv", x, calib, ops)
     # one split node: its backward is a concatenation, not a sum whose order autograd would pick
     q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
     q, k, v = _heads(q, b, t, hq, hd), _heads(k, b, t, hkv, hd), _heads(v, b, t, hkv, hd)
     cos, sin = rope
-    q = apply_rope(rmsnorm(q, None, cfg.norm_eps), cos[:t], sin[:t])  # gain-free QK norm, per head, before RoPE
-    k = apply_rope(rmsnorm(k, None, cfg.norm_eps), cos[:t], sin[:t])
-    o = attention(q, k, v, causal=True, window=cfg.window_of(i), pv_block=cfg.pv_block)
+    rope_, norm = ops.rope.apply_rope, ops.rmsnorm.rmsnorm
+    q = rope_(norm(q, None, cfg.norm_eps), cos[:t], sin[:t])  # gain-free QK norm, per head, before RoPE
+    k = rope_(norm(k, None, cfg.norm_eps), cos[:t], sin[:t])
+    o = ops.attention.attention(q, k, v, causal=True, window=cfg.window_of(i), pv_block=cfg.pv_block)
     o = o.transpose(1, 2).reshape(b, t, hq * hd)
-    return linear(p, f"layers.{i}.attn.wo", o, calib)
+    return linear(p, f"layers.{i}.attn.wo", o, calib, ops)
 
 
 def forward(p: dict[str, torch.Tensor], cfg: ModelConfig, ids: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-            *, z_loss: float = 1e-4, calib: Calibration | None = None) -> ForwardOut:
+            *, z_loss: float = 1e-4, calib: Calibration | None = None, ops=REF) -> ForwardOut:
     """Loss of windows `ids` [B, T+1] (inputs ids[:, :-1], targets ids[:, 1:]) under float32 params `p`."""
     from app.moe import moe_ffn  # local: moe imports this module's helpers
 
     x_ids, targets = ids[:, :-1], ids[:, 1:]
     b, t = x_ids.shape
-    h = rmsnorm(embedding(x_ids, p["embed.weight"]), p["embed_norm.weight"], cfg.norm_eps)
+    rmsnorm = ops.rmsnorm.rmsnorm
+    h = rmsnorm(ops.embedding.embedding(x_ids, p["embed.weight"]), p["embed_norm.weight"], cfg.norm_eps)
     aux = torch.zeros((), dtype=F32, device=h.device)
     load: dict[str, torch.Tensor] = {}
     for i in range(cfg.n_layers):
-        h = h + attention_block(p, cfg, i, rmsnorm(h, p[f"layers.{i}.attn_norm.weight"], cfg.norm_eps), rope, calib)
+        a = rmsnorm(h, p[f"layers.{i}.attn_norm.weight"], cfg.norm_eps)
+        h = h + attention_block(p, cfg, i, a, rope, calib, ops)
         f = rmsnorm(h, p[f"layers.{i}.ffn_norm.weight"], cfg.norm_eps)
         if cfg.moe is None:
-            h = h + ffn(p, f"layers.{i}.ffn", f, calib)
+            h = h + ffn(p, f"layers.{i}.ffn", f, calib, ops)
         else:
-            y, a, counts = moe_ffn(p, cfg, f"layers.{i}.moe", f, calib)
+            y, bal, counts = moe_ffn(p, cfg, f"layers.{i}.moe", f, calib, ops)
             h = h + y
-            aux = aux + a
+            aux = aux + bal
             load[f"layers.{i}"] = counts
     h = rmsnorm(h, p["final_norm.weight"], cfg.norm_eps)
-    loss, ce, z = cross_entropy_zloss(h.reshape(b * t, -1), p["head.weight"], targets.reshape(-1).to(torch.int64),
+    loss, ce, z = ops.loss.cross_entropy_zloss(h.reshape(b * t, -1), p["head.weight"], targets.reshape(-1).to(torch.int64),
                                       z_weight=z_loss, chunk=cfg.loss_chunk)
     if cfg.moe is not None and cfg.moe.aux_loss_weight:
         loss = loss + aux * torch.tensor(cfg.moe.aux_loss_weight, dtype=F32, device=h.device)

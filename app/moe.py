@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from app.config import ModelConfig
-from app.model import Calibration, ffn
+from app.model import REF, Calibration, ffn
 from kernels.ref.contraction import hp_matmul
 from kernels.ref.reduce import mean, sum as exact_sum_grad
 from kernels.ref.softmax import softmax
@@ -73,7 +73,7 @@ def top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def moe_ffn(p: dict[str, torch.Tensor], cfg: ModelConfig, prefix: str, x: torch.Tensor,
-            calib: Calibration | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            calib: Calibration | None = None, ops=REF) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y [B, T, D], aux loss 0-dim, tokens routed per expert int64 [E]) for normalized input x [B, T, D]."""
     moe = cfg.moe
     b, t, d = x.shape
@@ -92,17 +92,17 @@ def moe_ffn(p: dict[str, torch.Tensor], cfg: ModelConfig, prefix: str, x: torch.
     if calib is not None:
         # before the router has trained, routing says nothing: every expert calibrates on every token
         for j in range(e):
-            ffn(p, f"{prefix}.experts.{j}", x_experts.detach(), calib)
+            ffn(p, f"{prefix}.experts.{j}", x_experts.detach(), calib, ops)
     xs = _Dispatch.apply(x_experts, torch.div(order_pairs, k, rounding_mode="floor"), pos)
     parts = []
     for j, seg in enumerate(xs.split(counts.tolist(), dim=0)):
-        parts.append(ffn(p, f"{prefix}.experts.{j}", seg, calib) if seg.shape[0] else seg)
+        parts.append(ffn(p, f"{prefix}.experts.{j}", seg, calib, ops) if seg.shape[0] else seg)
     ys = torch.cat(parts, dim=0).index_select(0, pos.reshape(-1)).reshape(n, k, d)  # a permutation: no duplicates
     y = ys[:, 0] * gates[:, 0:1]
     for slot in range(1, k):
         y = y + ys[:, slot] * gates[:, slot:slot + 1]
     if moe.shared_ffn:
-        y = y + ffn(p, f"{prefix}.shared", x_shared, calib)
+        y = y + ffn(p, f"{prefix}.shared", x_shared, calib, ops)
     # load balancing: f_e (no gradient) = routed share, P_e = mean router probability (exact mean)
     frac = counts.to(F32) * torch.tensor(1.0 / (n * k), dtype=F32, device=x.device)
     prob = mean(softmax(logits, -1), dim=0)
