@@ -22,10 +22,14 @@ from kernels.ref.fixed import pow2  # noqa: E402
 from kernels.ref import rmsnorm as r_rms, rope as r_rope, softmax as r_soft, swiglu as r_swiglu  # noqa: E402
 from kernels.triton import adamw as t_adamw, elementary as t_el, reduce as t_reduce  # noqa: E402
 from kernels.triton import rmsnorm as t_rms, rope as t_rope, softmax as t_soft, swiglu as t_swiglu  # noqa: E402
+from kernels.ref import hadamard as r_had, int8_linear as r_lin, intmm as r_mm, rotated_mm as r_rot  # noqa: E402
+from kernels.triton import hadamard as t_had, int8_linear as t_lin, intmm as t_mm, rotated_mm as t_rot  # noqa: E402
 
 BASE = int(os.environ.get("TRITON_PARITY_SEED", int.from_bytes(os.urandom(6), "little")))
 INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 CUDA = torch.device("cpu" if INTERPRET else "cuda")
+# shapes too large for the interpreter's few minutes: run on the GPU only
+gpu_only = pytest.mark.skipif(INTERPRET, reason="too large for TRITON_INTERPRET")
 
 
 def setup_module(_):
@@ -223,3 +227,89 @@ def test_backend_namespace_runs_the_twins():
     assert b.rmsnorm.rmsnorm is t_rms.rmsnorm and b.reduce.dot is r_reduce.dot
     x = normal((9, 70), "ns").to(CUDA)
     assert mismatches(b.softmax.softmax(x), r_soft.softmax(x)) == 0
+
+
+# --- int8 GEMMs, Hadamard rotation, the int8 QAT linear (issue 7) ---
+
+def int8s(shape, *tag) -> torch.Tensor:
+    """Uniform int8 in [-128, 127] (-128 included: the GEMM must be exact for every code)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (philox.random_bits(seed(*tag), 0, n) % 256 - 128).to(torch.int8).reshape(shape)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 5), (130, 200, 65), (64, 16, 128),
+                                   pytest.param(1000, 4096, 2000, marks=gpu_only)], ids=str)
+def test_int8_mm(m, k, n):
+    a, b = int8s((m, k), "mm", m, k), int8s((k, n), "mm", k, n)
+    want = r_mm.int8_mm(a, b)
+    for bb in (b, b.t().contiguous().t()):  # row-major and column-major B
+        assert torch.equal(t_mm.int8_mm(a.to(CUDA), bb.to(CUDA)).cpu(), want)
+
+
+def test_int8_bmm():
+    a, b = int8s((2, 3, 17, 40), "bmm"), int8s((2, 3, 40, 9), "bmm", "b")
+    assert torch.equal(t_mm.int8_bmm(a.to(CUDA), b.to(CUDA)).cpu(), r_mm.int8_bmm(a, b))
+
+
+@pytest.mark.parametrize("case", ["fwht 1024", "fwht 2048 (two passes)", "fwht dim 0", "fwht 1", "block dim 1",
+                                  "block dim 0", "block 8 padded", "block 2048 float64", "block middle dim"])
+def test_hadamard(case):
+    x = wide((5, 3000), "had", case)
+    x[0, :7], x[1, :5] = 0.0, -0.0  # signed zeros: a + b and a - b must keep the reference's signs
+    fn = {"fwht 1024": lambda m, t: m.fwht(t[:, :1024]),
+          "fwht 2048 (two passes)": lambda m, t: m.fwht(t[:, :2048], 1),
+          "fwht dim 0": lambda m, t: m.fwht(t[:4, :100].double(), 0),
+          "fwht 1": lambda m, t: m.fwht(t[:3, :1]),
+          "block dim 1": lambda m, t: m.block_hadamard(t, 1),
+          "block dim 0": lambda m, t: m.block_hadamard(t, 0),
+          "block 8 padded": lambda m, t: m.block_hadamard(t[:, :100], 1, 8),
+          "block 2048 float64": lambda m, t: m.block_hadamard(t.double(), 1, 2048),
+          "block middle dim": lambda m, t: m.block_hadamard(t.reshape(5, 30, 100), 1, 16)}[case]
+    assert mismatches(fn(t_had, x.to(CUDA)), fn(r_had, x.to(CUDA))) == 0
+    assert mismatches(fn(t_had, x.to(CUDA)), fn(r_had, x)) == 0
+
+
+@pytest.mark.parametrize("r,c,s,rotate,block", [(7, 33, 5, True, 256), (40, 300, 70, True, 256),
+                                                (40, 300, 70, False, 256), (3, 1, 4, True, 256),
+                                                (20, 100, 9, True, 16), (17, 2048, 3, True, 1024),
+                                                pytest.param(1024, 5632, 2048, True, 256, marks=gpu_only)], ids=str)
+def test_rotated_int8_mm(r, c, s, rotate, block):
+    a, b = normal((r, c), "rot", r, c), normal((c, s), "rot", c, s, "b")
+    a[:, ::7] *= 100.0  # outliers: the rotation's reason to exist
+    if r > 10:
+        a[3, 5], b[7, 2] = float("inf"), float("nan")  # a NaN row and a NaN column
+    want = r_rot.rotated_int8_mm(a.to(CUDA), b.to(CUDA), rotate=rotate, block=block)
+    assert mismatches(want, r_rot.rotated_int8_mm(a, b, rotate=rotate, block=block)) == 0
+    for aa, bb in ((a, b), (a.t().contiguous().t(), b.t().contiguous().t())):  # strided operands
+        assert mismatches(t_rot.rotated_int8_mm(aa.to(CUDA), bb.to(CUDA), rotate=rotate, block=block), want) == 0
+
+
+@pytest.mark.parametrize("shape,n,wdtype,rotate", [((1, 8), 16, torch.float32, True),
+                                                   ((2, 3, 33), 20, torch.float32, True),
+                                                   ((96, 160), 200, torch.float32, False),
+                                                   ((50, 100), 70, torch.bfloat16, True),
+                                                   ((37, 300), 45, torch.float32, True),
+                                                   pytest.param((4, 512, 2048), 5632, torch.bfloat16, True,
+                                                                marks=gpu_only),
+                                                   pytest.param((1024, 512), 1408, torch.float32, False,
+                                                                marks=gpu_only)], ids=str)
+def test_int8_linear(shape, n, wdtype, rotate):
+    k = shape[-1]
+    x = normal(shape, "lin", shape, n)
+    w = normal((n, k), "lin", shape, n, "w", std=0.02).to(wdtype)
+    g = normal((*shape[:-1], n), "lin", shape, n, "g")
+    g[..., :: max(1, n // 7)] *= 100.0  # heavy-tailed columns, as real gradients have
+    x.view(-1)[:: 11] *= 8.0            # some |x / s_x| beyond 127: the straight-through gate closes there
+    s_x = torch.tensor(0.03)
+    three_ways(lambda a, b, c: t_lin.int8_linear(a, b, c, rotate=rotate),
+               lambda a, b, c: r_lin.int8_linear(a, b, c, rotate=rotate), [x, w, s_x], g)
+
+
+def test_int8_linear_nonfinite_and_zero_rows():
+    x, w, g = normal((9, 40), "lin-nf"), normal((12, 40), "lin-nf", "w", std=0.02), normal((9, 12), "lin-nf", "g")
+    x[2, 3], w[5, 1] = float("nan"), float("inf")  # a NaN output row and column
+    w[7] = 0.0                                      # an all-zero row: step 1, codes 0
+    three_ways(t_lin.int8_linear, r_lin.int8_linear, [x, w, torch.tensor(0.05)], g)
+    assert mismatches(t_lin.weight_step(w.to(CUDA)), r_lin.weight_step(w)) == 0
