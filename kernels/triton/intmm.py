@@ -109,9 +109,9 @@ def gemm(a: torch.Tensor, bt: torch.Tensor, *, out_dtype=torch.int32, row_scale=
          config: dict | None = None) -> torch.Tensor:
     """a [(B,) M, K] int8 . bt [(B,) N, K] int8 -> [(B,) M, N]: int32, or float32/bf16 through the epilogue.
 
-    Operands may be strided views with a unit K stride; mask_src must be contiguous. row_scale [M] / col_scale [N] float32, inv a power of
-    two, bad_rows [M] / bad_cols [N] int32 (NaN where either is set), mask_src [M, N] and mask_scale [M] (or a
-    0-dim tensor) gate the result to 0 where |mask_src / mask_scale| > 127.
+    Operands may be strided views with a unit K stride. row_scale [M] / col_scale [N] float32, inv a power of
+    two, bad_rows [M] / bad_cols [N] int32 (NaN where either is set); mask_src [M, N] (contiguous) and
+    mask_scale [M] (or a 0-dim tensor) gate the result to 0 where |mask_src / mask_scale| > 127.
     """
     batched = a.dim() == 3
     a3 = a if batched else a.unsqueeze(0)

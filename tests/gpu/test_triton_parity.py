@@ -24,6 +24,8 @@ from kernels.triton import adamw as t_adamw, elementary as t_el, reduce as t_red
 from kernels.triton import rmsnorm as t_rms, rope as t_rope, softmax as t_soft, swiglu as t_swiglu  # noqa: E402
 from kernels.ref import hadamard as r_had, int8_linear as r_lin, intmm as r_mm, rotated_mm as r_rot  # noqa: E402
 from kernels.triton import hadamard as t_had, int8_linear as t_lin, intmm as t_mm, rotated_mm as t_rot  # noqa: E402
+from kernels.ref import embedding as r_emb  # noqa: E402
+from kernels.triton import embedding as t_emb  # noqa: E402
 
 BASE = int(os.environ.get("TRITON_PARITY_SEED", int.from_bytes(os.urandom(6), "little")))
 INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -313,3 +315,37 @@ def test_int8_linear_nonfinite_and_zero_rows():
     w[7] = 0.0                                      # an all-zero row: step 1, codes 0
     three_ways(t_lin.int8_linear, r_lin.int8_linear, [x, w, torch.tensor(0.05)], g)
     assert mismatches(t_lin.weight_step(w.to(CUDA)), r_lin.weight_step(w)) == 0
+
+
+# --- embedding: gather forward, exact int64 scatter-add backward ---
+
+@pytest.mark.parametrize("shape,v,d,dtype,ids_dtype", [((3, 7), 11, 33, torch.float32, torch.int64),
+                                                       ((40,), 50, 300, torch.bfloat16, torch.int32),
+                                                       ((2, 64), 3, 130, torch.float32, torch.int64),
+                                                       pytest.param((4, 2048), 32000, 1024, torch.bfloat16,
+                                                                    torch.int64, marks=gpu_only)], ids=str)
+def test_embedding(shape, v, d, dtype, ids_dtype):
+    n = 1
+    for s in shape:
+        n *= s
+    ids = (philox.random_bits(seed("emb", shape), 0, n) % v).reshape(shape).to(ids_dtype)
+    ids.view(-1)[: n // 4] = ids.view(-1)[0]  # one hot row: many addends (and atomics) on the same entries
+    w = normal((v, d), "emb", shape).to(dtype)
+    g = wide((*shape, d), "emb", shape, "g").to(dtype)
+
+    def run(fn, dev):
+        ww = w.to(dev).clone().requires_grad_(True)
+        y = fn(ids.to(dev), ww)
+        y.backward(g.to(dev))
+        return {"y": y, "dw": ww.grad}
+
+    assert_same(run(t_emb.embedding, CUDA), run(r_emb.embedding, CUDA), run(r_emb.embedding, "cpu"))
+
+
+def test_embedding_grad_nonfinite():
+    ids = torch.tensor([[0, 0, 1, 2], [3, 3, 2, 4]])
+    g = normal((2, 4, 9), "emb-nf")
+    g[0, 0, 3], g[0, 1, 3] = float("inf"), -float("inf")  # +inf + -inf in one entry: NaN
+    g[0, 2, 5], g[1, 0, 6], g[1, 1, 6] = float("nan"), float("inf"), float("inf")
+    want = r_emb.embedding_grad(ids, g, 6)
+    assert mismatches(t_emb.embedding_grad(ids.to(CUDA), g.to(CUDA), 6), want) == 0
