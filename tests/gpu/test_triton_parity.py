@@ -24,8 +24,8 @@ from kernels.triton import adamw as t_adamw, elementary as t_el, reduce as t_red
 from kernels.triton import rmsnorm as t_rms, rope as t_rope, softmax as t_soft, swiglu as t_swiglu  # noqa: E402
 from kernels.ref import hadamard as r_had, int8_linear as r_lin, intmm as r_mm, rotated_mm as r_rot  # noqa: E402
 from kernels.triton import hadamard as t_had, int8_linear as t_lin, intmm as t_mm, rotated_mm as t_rot  # noqa: E402
-from kernels.ref import embedding as r_emb  # noqa: E402
-from kernels.triton import embedding as t_emb  # noqa: E402
+from kernels.ref import contraction as r_hp, embedding as r_emb, loss as r_loss  # noqa: E402
+from kernels.triton import contraction as t_hp, embedding as t_emb, loss as t_loss  # noqa: E402
 
 BASE = int(os.environ.get("TRITON_PARITY_SEED", int.from_bytes(os.urandom(6), "little")))
 INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -349,3 +349,54 @@ def test_embedding_grad_nonfinite():
     g[0, 2, 5], g[1, 0, 6], g[1, 1, 6] = float("nan"), float("inf"), float("inf")
     want = r_emb.embedding_grad(ids, g, 6)
     assert mismatches(t_emb.embedding_grad(ids.to(CUDA), g.to(CUDA), 6), want) == 0
+
+
+# --- the int8-sliced high-precision matmul, and the fused cross-entropy + z-loss built on it ---
+
+@pytest.mark.parametrize("sa,sb,slices", [((7, 33), (33, 5), 3), ((70, 130), (130, 90), 3),
+                                          ((2, 3, 17, 40), (2, 3, 40, 9), 3), ((20, 50), (50, 30), 1),
+                                          ((20, 50), (50, 30), 2), ((20, 50), (50, 30), 4), ((1, 1), (1, 1), 3),
+                                          pytest.param((2, 70000), (70000, 3), 3, marks=gpu_only),
+                                          pytest.param((4096, 2048), (2048, 2048), 3, marks=gpu_only)], ids=str)
+def test_hp_matmul(sa, sb, slices):
+    a, b = wide(sa, "hp", sa, sb), normal(sb, "hp", sa, sb, "b")
+    if sa[-2] > 10:
+        a[..., 3, 4], b[..., 2, 5], a[..., 5, :] = float("nan"), float("inf"), 0.0  # NaN row, NaN column, zeros
+    g = normal((*sa[:-1], sb[-1]), "hp", sa, sb, "g")
+    three_ways(lambda x, y: t_hp.hp_matmul(x, y, slices), lambda x, y: r_hp.hp_matmul(x, y, slices), [a, b], g,
+               cpu=sa[-2] < 4096)
+    bt = b.transpose(-1, -2).contiguous().transpose(-1, -2)  # a column-major operand
+    assert mismatches(t_hp.hp_matmul_(a.to(CUDA), bt.to(CUDA), slices), r_hp.hp_matmul_(a, b, slices)) == 0
+
+
+@pytest.mark.parametrize("n,d,v,chunk,z_weight,ignored", [(300, 40, 77, 128, 1e-4, 0.2), (130, 33, 50, 256, 0.0, 0.0),
+                                                          (64, 20, 30, 128, 1e-3, 1.0),
+                                                          pytest.param(4096, 2048, 32768, 1024, 1e-4, 0.05,
+                                                                       marks=gpu_only)], ids=str)
+def test_cross_entropy_zloss(n, d, v, chunk, z_weight, ignored):
+    h, w = normal((n, d), "ce", n, v), normal((v, d), "ce", n, v, "w", std=0.5)
+    tg = philox.random_bits(seed("ce", n, v, "t"), 0, n) % v
+    tg = torch.where(philox.uniform(seed("ce", n, v, "drop"), 0, (n,)) < ignored, torch.full_like(tg, -100), tg)
+
+    def run(fn, dev, grads=(True, True)):
+        hh, ww = h.to(dev).clone().requires_grad_(grads[0]), w.to(dev).clone().requires_grad_(grads[1])
+        loss, ce, z = fn(hh, ww, tg.to(dev), z_weight=z_weight, chunk=chunk)
+        loss.backward(torch.tensor(1.5, device=dev))
+        out = {"loss": loss, "ce": ce, "z": z}
+        out.update({k: t.grad for k, t in (("dh", hh), ("dw", ww)) if t.grad is not None})
+        return out
+
+    assert_same(run(t_loss.cross_entropy_zloss, CUDA), run(r_loss.cross_entropy_zloss, CUDA),
+                run(r_loss.cross_entropy_zloss, "cpu") if n < 4096 else None)
+    if n < 200:
+        for grads in ((True, False), (False, True)):  # one gradient alone skips the other's passes
+            assert_same(run(t_loss.cross_entropy_zloss, CUDA, grads), run(r_loss.cross_entropy_zloss, CUDA, grads))
+
+
+def test_cross_entropy_zloss_nonfinite_row():
+    h, w = normal((140, 24), "ce-nf"), normal((40, 24), "ce-nf", "w")
+    h[7, 3] = float("nan")  # a NaN token: its logits, ce, z and g are NaN; the means are NaN
+    tg = philox.random_bits(seed("ce-nf"), 0, 140) % 40
+    twin = t_loss.cross_entropy_zloss(h.to(CUDA), w.to(CUDA), tg.to(CUDA), chunk=128)
+    want = r_loss.cross_entropy_zloss(h, w, tg, chunk=128)
+    assert all(mismatches(a, b) == 0 for a, b in zip(twin, want))
