@@ -80,7 +80,7 @@ def split(x: torch.Tensor, rows: int, k: int, s_row: int, s_col: int, slices: in
         rb = batch_rows or rows
         _split_kernel[(cdiv(rows, SPLIT_R),)](x, s_batch, rb, s_row, s_col, rows, k, lim if lim is not None
                                               else (rows // rb) * k, kp, q, e, bad, SLICES=slices, R=SPLIT_R,
-                                              BK=SPLIT_K, num_warps=4, **BR_OPTIONS)
+                                              BK=SPLIT_K, num_warps=8, **BR_OPTIONS)
     return Sliced(q, e, bad)
 
 
@@ -124,24 +124,39 @@ def _shifted(c, t: tl.constexpr, SLICES: tl.constexpr):
 
 
 @triton.jit
+def _combine(c0, c1, c2, c3, SLICES: tl.constexpr):
+    """sum_t c_t << 7 (2 (slices - 1) - t) in int64: exact (and mod 2^64 as the reference's, if ever beyond)."""
+    acc = _shifted(c0, 0, SLICES)
+    if SLICES > 1:
+        acc += _shifted(c1, 1, SLICES)
+    if SLICES > 2:
+        acc += _shifted(c2, 2, SLICES)
+    if SLICES > 3:
+        acc += _shifted(c3, 3, SLICES)
+    return acc
+
+
+@triton.jit
 def hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
-            SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """float32 [BM, BN] of ref.hp_matmul_ for slice rows a_rows (of A) and b_rows (of B^T)."""
-    acc = tl.zeros([BM, BN], tl.int64)
-    for k1 in range(0, Kp, KS):
-        c0 = tl.zeros([BM, BN], tl.int32)
-        c1 = tl.zeros([BM, BN], tl.int32)
-        c2 = tl.zeros([BM, BN], tl.int32)
-        c3 = tl.zeros([BM, BN], tl.int32)
-        c0, c1, c2, c3 = _dots(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, k1, tl.minimum(k1 + KS, Kp), c0, c1, c2,
-                               c3, SLICES, BK)
-        acc += _shifted(c0, 0, SLICES)  # int64 adds: exact (and mod 2^64 as the reference's, if ever beyond)
-        if SLICES > 1:
-            acc += _shifted(c1, 1, SLICES)
-        if SLICES > 2:
-            acc += _shifted(c2, 2, SLICES)
-        if SLICES > 3:
-            acc += _shifted(c3, 3, SLICES)
+            LONG_K: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """float32 [BM, BN] of ref.hp_matmul_ for slice rows a_rows (of A) and b_rows (of B^T).
+
+    LONG_K (Kp > KS): the int32 accumulators flush to an int64 total every KS steps; otherwise they are
+    combined once after the loop (no int64 tile held across it: fewer registers).
+    """
+    c0 = tl.zeros([BM, BN], tl.int32)
+    c1 = tl.zeros([BM, BN], tl.int32)
+    c2 = tl.zeros([BM, BN], tl.int32)
+    c3 = tl.zeros([BM, BN], tl.int32)
+    if LONG_K:
+        acc = tl.zeros([BM, BN], tl.int64)
+        for k1 in range(0, Kp, KS):
+            c0, c1, c2, c3 = _dots(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, k1, tl.minimum(k1 + KS, Kp),
+                                   c0 * 0, c1 * 0, c2 * 0, c3 * 0, SLICES, BK)
+            acc += _combine(c0, c1, c2, c3, SLICES)
+    else:
+        c0, c1, c2, c3 = _dots(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, 0, Kp, c0, c1, c2, c3, SLICES, BK)
+        acc = _combine(c0, c1, c2, c3, SLICES)
     low = 6 + 7 * (SLICES - 1)
     ea = tl.load(ea_ptr + a_rows, mask=a_live, other=0)
     eb = tl.load(eb_ptr + b_rows, mask=b_live, other=0)
@@ -167,7 +182,7 @@ def tile_rows(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constex
 
 @triton.jit
 def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, M, N, Kp, sa, sb,
-               HAS_POST: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               HAS_POST: tl.constexpr, LONG_K: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, GROUP_M: tl.constexpr):
     """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T)."""
     batch = tl.program_id(1).to(tl.int64)
@@ -177,7 +192,7 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
     a_rows = batch * M + tl.where(a_live, rm, 0)
     b_rows = batch * N + tl.where(b_live, rn, 0)
     y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
-                SLICES, BM, BN, BK)
+                LONG_K, SLICES, BM, BN, BK)
     if HAS_POST:
         y = y * tl.load(post_ptr)  # a float32 factor after the rounding, as the caller's eager multiply
     tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=a_live[:, None] & b_live[None, :])
@@ -199,7 +214,8 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
     cfg = config()
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,
-                     a.q.stride(0), b.q.stride(0), HAS_POST=post is not None, SLICES=slices, **cfg, **BR_OPTIONS)
+                     a.q.stride(0), b.q.stride(0), HAS_POST=post is not None, LONG_K=kp > KS.value, SLICES=slices,
+                     **cfg, **BR_OPTIONS)
     return out
 
 

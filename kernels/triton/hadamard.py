@@ -83,7 +83,7 @@ def _transform(x: torch.Tensor, d: int, b: int) -> torch.Tensor:
         r = max(1, TILE // length)
         rows = a * (n_out // length) * c
         _pass_kernel[(cdiv(rows, r),)](src, y, rows, n_in, n_out, c, q, L=length, LOG_L=length.bit_length() - 1,
-                                       R=r, **BR_OPTIONS)
+                                       R=r, num_warps=8, **BR_OPTIONS)
         src, n_in, q = y, n_out, q * length  # later passes run in place: each program reads its tile first
     return y
 

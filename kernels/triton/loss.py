@@ -19,11 +19,16 @@ from kernels.triton import contraction as hp, reduce as t_reduce
 from kernels.triton.elementary import exp64, log64
 from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
 from kernels.triton.ieee import INF, div_rn, nan_f64
-from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
+from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_at_least
 
 F32 = torch.float32
 F64 = torch.float64
 ROW_BLOCK = 2048
+
+
+def _dw_config() -> dict:
+    """dW tiles: a float64 running sum rides along the three int32 accumulators, so BN = 32 (no spills)."""
+    return hp.config() if INTERPRET else dict(BM=128, BN=32, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
 
 
 @triton.jit(do_not_specialize=["V", "top", "ignore_index"])
@@ -89,7 +94,7 @@ def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, V, D,
     acc = tl.load(out, mask=om, other=0.0)
     for blk in range(0, NB):
         y = hp.hp_tile(ga_ptr, hb_ptr, blk * V + am, blk * D + bn, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr,
-                       a_live, b_live, SLICES, BM, BN, BK)
+                       a_live, b_live, False, SLICES, BM, BN, BK)  # K = one token block
         acc = acc + y.to(tl.float64)  # the block's float32 product, added in float64: the reference's order
     tl.store(out, acc, mask=om)
 
@@ -114,7 +119,7 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n3
         # g^T and h per token block: row v (or d) of block b holds tokens b*TB.. of the chunk
         ga = hp.split(buf, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n_c)
         hb = hp.split(hc, nb * d, tb, hc.stride(1), hc.stride(0), batch_rows=d, s_batch=tb * hc.stride(0), lim=n_c)
-        cfg = hp.config()
+        cfg = _dw_config()
         grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
         _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64, v, d, nb, ga.q.shape[2], ga.q.stride(0),
                          hb.q.stride(0), SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)

@@ -100,7 +100,7 @@ def rotate_quantize(src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int
         src, s_row, s_col, rows, c, kp, pre if pre is not None else step,
         (0 if pre.dim() == 0 else pre.stride(0)) if pre is not None else 0, q, step, bad,
         PRE=pre is not None, ROTATE=block is not None, L=length, LOG_L=length.bit_length() - 1, R=r,
-        num_warps=4, **BR_OPTIONS)
+        num_warps=8, **BR_OPTIONS)
     return q, step, bad
 
 
