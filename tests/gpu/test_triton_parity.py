@@ -26,6 +26,8 @@ from kernels.ref import hadamard as r_had, int8_linear as r_lin, intmm as r_mm, 
 from kernels.triton import hadamard as t_had, int8_linear as t_lin, intmm as t_mm, rotated_mm as t_rot  # noqa: E402
 from kernels.ref import contraction as r_hp, embedding as r_emb, loss as r_loss  # noqa: E402
 from kernels.triton import contraction as t_hp, embedding as t_emb, loss as t_loss  # noqa: E402
+from kernels.ref import attention as r_att  # noqa: E402
+from kernels.triton import attention as t_att  # noqa: E402
 
 BASE = int(os.environ.get("TRITON_PARITY_SEED", int.from_bytes(os.urandom(6), "little")))
 INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -400,3 +402,29 @@ def test_cross_entropy_zloss_nonfinite_row():
     twin = t_loss.cross_entropy_zloss(h.to(CUDA), w.to(CUDA), tg.to(CUDA), chunk=128)
     want = r_loss.cross_entropy_zloss(h, w, tg, chunk=128)
     assert all(mismatches(a, b) == 0 for a, b in zip(twin, want))
+
+
+# --- attention: hp logits, BR softmax, int8 P.V; backward through the hp and softmax twins ---
+
+@pytest.mark.parametrize("b,hq,hkv,t,d,kw", [(1, 2, 1, 20, 16, dict(pv_block=8)),
+                                            (1, 2, 2, 33, 24, dict(pv_block=16, window=5)),
+                                            (1, 1, 1, 24, 16, dict(pv_block=64, causal=False)),
+                                            (1, 1, 1, 5, 8, dict(pv_block=7, scale=0.3)),
+                                            pytest.param(2, 16, 4, 1024, 128, dict(pv_block=64), marks=gpu_only),
+                                            pytest.param(1, 8, 2, 1000, 64, dict(pv_block=100, window=256),
+                                                         marks=gpu_only)], ids=str)
+def test_attention(b, hq, hkv, t, d, kw):
+    q = normal((b, hq, t, d), "att", t, d, std=2.0)
+    k, v = normal((b, hkv, t, d), "att", t, d, "k"), normal((b, hkv, t, d), "att", t, d, "v")
+    g = normal((b, hq, t, d), "att", t, d, "g")
+    three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
+               [q, k, v], g, cpu=t < 1000)
+
+
+def test_attention_nonfinite():
+    q, k, v = normal((1, 2, 18, 16), "att-nf"), normal((1, 1, 18, 16), "att-nf", "k"), normal((1, 1, 18, 16),
+                                                                                             "att-nf", "v")
+    v[0, 0, 4, 3] = float("inf")   # a NaN output column
+    q[0, 1, 9, 0] = float("nan")   # a NaN logits row (and output row)
+    want = r_att.attention(q, k, v, pv_block=8)
+    assert mismatches(t_att.attention(q.to(CUDA), k.to(CUDA), v.to(CUDA), pv_block=8), want) == 0

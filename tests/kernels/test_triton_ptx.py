@@ -18,7 +18,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from kernels.triton import adamw, elementary, reduce, rmsnorm, rope, softmax, statehash, swiglu  # noqa: E402
-from kernels.triton import contraction, embedding, hadamard, int8_linear, intmm, loss, rotated_mm  # noqa: E402
+from kernels.triton import attention, contraction, embedding, hadamard, int8_linear, intmm  # noqa: E402
+from kernels.triton import loss, rotated_mm  # noqa: E402
 from kernels.triton.launch import BR_OPTIONS  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -150,6 +151,13 @@ KERNELS7 = {
     "loss_dw": (loss._dw_kernel, {"ga_ptr": I8, "hb_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32,
                                   "badb_ptr": I32, "dw_ptr": P64, "V": "i32", "D": "i32", "NB": "i32", "Kp": "i32",
                                   "sa": "i32", "sb": "i32"}, HP_OPTS, dict(SLICES=3, **{**HP_CFG, "BN": 32})),
+    "attention_v": (attention._v_kernel, {"v_ptr": P32, "qv_ptr": I8, "sv_ptr": P32, "s_ptr": I64, "bad_ptr": I32,
+                                          "T": "i32", "D": "i32", "NB": "i32", "top": "i32"}, {},
+                    dict(BLK=64, BLKP=64, BD=64, TT=32)),
+    "attention_pv": (attention._pv_kernel, {"p_ptr": P32, "qv_ptr": I8, "sv_ptr": P32, "s_ptr": I64,
+                                            "vbad_ptr": I32, "out_ptr": P32, "M": "i32", "T": "i32", "D": "i32",
+                                            "NB": "i32", "window": "i32"}, W8,
+                     dict(CAUSAL=True, WINDOW=True, BLK=64, BLKP=64, BM=64, BD=64)),
 }
 
 
@@ -165,7 +173,7 @@ def test_issue7_no_fma_and_no_approximate_ops(compiled7):
 
 def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
     """wgmma s8 x s8 -> s32 (not the older mma.sync path), fed by async copies (a pipelined K loop)."""
-    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "loss_dw"):
+    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "loss_dw", "attention_pv"):
         text = compiled7[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
         assert "cp.async" in text, name
