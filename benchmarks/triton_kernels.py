@@ -1,5 +1,5 @@
-"""The issue-7 Triton twins (int8 GEMMs, Hadamard, int8_linear, hp_matmul, embedding, CE + z-loss) vs stock
-PyTorch vs the BR reference on CUDA, each against its floor: the larger of (bytes moved / bandwidth) and
+"""The issue-7 Triton twins (int8 GEMMs, Hadamard, int8_linear, hp_matmul, embedding, CE + z-loss, attention)
+vs stock PyTorch vs the BR reference on CUDA, each against its floor: the larger of (bytes moved / bandwidth) and
 (operations / the H200's nominal dense rate for the units it runs on).
 
     python benchmarks/triton_kernels.py [--tokens 8192] [--out benchmarks/results/triton_kernels.json]
@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.ref import contraction as r_hp, embedding as r_emb, hadamard as r_had, int8_linear as r_lin  # noqa: E402
-from kernels.ref import intmm as r_mm, loss as r_loss, philox, rotated_mm as r_rot  # noqa: E402
-from kernels.triton import contraction as t_hp, embedding as t_emb, hadamard as t_had  # noqa: E402
+from kernels.ref import attention as r_att, contraction as r_hp, embedding as r_emb, hadamard as r_had  # noqa: E402
+from kernels.ref import int8_linear as r_lin, intmm as r_mm, loss as r_loss, philox, rotated_mm as r_rot  # noqa: E402
+from kernels.triton import attention as t_att, contraction as t_hp, embedding as t_emb, hadamard as t_had  # noqa: E402
 from kernels.triton import int8_linear as t_lin, intmm as t_mm, loss as t_loss, rotated_mm as t_rot  # noqa: E402
 
 NOMINAL_BW = 4.8e12      # H200 HBM3e, bytes/s (datasheet)
@@ -113,6 +113,20 @@ def cases(n: int, d: int, f: int, v: int, dev):
                  3 * HP_GEMMS * 2 * n * d * v, 0,
                  _fb(lambda: t_loss.cross_entropy_zloss(h, head, tgt), h, head), _fb(stock_ce, hb, headb),
                  _fb(lambda: r_loss.cross_entropy_zloss(h, head, tgt), h, head)))
+    # causal GQA attention, forward + backward: 16 query / 4 kv heads of 128, sequences of 1024 (stock: SDPA)
+    t, hq, hkv, hd = (min(1024, n), 16, 4, 128) if d >= 1024 else (min(32, n), 2, 1, 16)  # the latter: --smoke
+    bq = max(1, n // t)
+    q, k, va = _x((bq, hq, t, hd), 15, dev), _x((bq, hkv, t, hd), 16, dev), _x((bq, hkv, t, hd), 17, dev)
+
+    def rep(z):
+        return z.repeat_interleave(hq // hkv, dim=1)
+
+    # int8 ops: logits (6 slice GEMMs) + P.V (1) forward, dv, dp, dq, dk (4 x 6) backward; P [.., T, T] moved ~8x
+    att_ops = (6 + 1 + 4 * 6) * 2 * bq * hq * t * t * hd
+    rows.append(("attention (causal, GQA) fwd+bwd", f"{bq}x{hq}/{hkv}x{t}x{hd}", 8 * 4 * bq * hq * t * t, att_ops, 0,
+                 _fb(lambda: t_att.attention(q, k, va), q, k, va),
+                 _fb(lambda: F.scaled_dot_product_attention(q, rep(k), rep(va), is_causal=True), q, k, va),
+                 _fb(lambda: r_att.attention(q, k, va), q, k, va)))
     return rows
 
 

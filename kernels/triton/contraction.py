@@ -52,9 +52,10 @@ def _split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, lim, Kp, q_ptr, e_p
         v = tl.where(isfinite(x), x, 0.0) * scale  # |v| < 64, exact
         out = q_ptr + r[:, None] * Kp + k[None, :]
         sm = live[:, None] & (k < Kp)[None, :]
+        plane = rows.to(tl.int64) * Kp  # one slice: may pass 2^31 bytes for a large head
         for i in tl.static_range(SLICES):
             q = rint(v)  # |q| <= 64: fits int8
-            tl.store(out + i * rows * Kp, q.to(tl.int8), mask=sm)
+            tl.store(out + i * plane, q.to(tl.int8), mask=sm)
             v = (v - q) * 128.0  # exact: q is v's nearest integer
     tl.store(e_ptr + r, e, mask=live)
     tl.store(bad_ptr + r, bad, mask=live)
