@@ -19,6 +19,7 @@ from kernels.ref import contraction as ref
 from kernels.ref.checks import expect, same_device
 from kernels.triton.fixedpoint import finite_abs
 from kernels.triton.ieee import frexp_exponent, isfinite, nan_f64, pow2, rint
+from kernels.triton.intmm import MAX_BATCH
 from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton
 
 F32 = torch.float32
@@ -252,6 +253,8 @@ def hp_matmul_(a: torch.Tensor, b: torch.Tensor, slices: int = ref.DEFAULT_SLICE
         batch *= s
     if batch == 0 or m == 0 or n == 0:
         return torch.zeros((*lead, m, n), dtype=F32, device=a.device)
+    if batch > MAX_BATCH:
+        return ref.hp_matmul_(a, b, slices)
     sa = _operand_rows(a, slices, transpose=False)
     sb = _operand_rows(b, slices, transpose=True)
     return hp_gemm(sa, sb, batch, m, n).reshape(*lead, m, n)

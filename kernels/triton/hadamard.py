@@ -58,6 +58,7 @@ def _pass_kernel(x_ptr, y_ptr, rows, n_in, n_out, C, Q,
     live = (r < rows)[:, None]
     x = tl.load(x_ptr + (a[:, None] * n_in + n) * C + c[:, None], mask=live & (n < n_in), other=0.0)
     y = butterfly(x, R, L, LOG_L)
+    tl.debug_barrier()  # later passes run in place: the whole tile is read before any of it is written
     tl.store(y_ptr + (a[:, None] * n_out + n) * C + c[:, None], y, mask=live)
 
 
@@ -84,7 +85,7 @@ def _transform(x: torch.Tensor, d: int, b: int) -> torch.Tensor:
         rows = a * (n_out // length) * c
         _pass_kernel[(cdiv(rows, r),)](src, y, rows, n_in, n_out, c, q, L=length, LOG_L=length.bit_length() - 1,
                                        R=r, num_warps=8, **BR_OPTIONS)
-        src, n_in, q = y, n_out, q * length  # later passes run in place: each program reads its tile first
+        src, n_in, q = y, n_out, q * length  # later passes in place: programs own disjoint tiles
     return y
 
 

@@ -18,6 +18,7 @@ from kernels.triton.ieee import div_rn, nan_f64
 from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton
 
 QMAX = tl.constexpr(127.0)
+MAX_BATCH = 65535  # CUDA's grid y limit: the batch index of a batched GEMM
 
 
 @triton.jit
@@ -159,6 +160,8 @@ def int8_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return ref.int8_bmm(a, b)
     lead = a.shape[:-2]
     a3 = a.reshape(-1, *a.shape[-2:])
+    if not 0 < a3.shape[0] <= MAX_BATCH:
+        return ref.int8_bmm(a, b)
     b3 = k_major(b.reshape(-1, *b.shape[-2:]))
     a3 = a3 if a3.stride(-1) == 1 else a3.contiguous()
     return gemm(a3, b3).reshape(*lead, a.shape[-2], b.shape[-1])

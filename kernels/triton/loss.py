@@ -50,6 +50,7 @@ def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2,
         nan = nan | (x != x).to(tl.int32)
     m = tl.where(tl.max(nan, 0) != 0, nan_f64().to(tl.float32), tl.max(mx, 0))  # torch.amax propagates NaN
     m64 = m.to(tl.float64)
+    tl.debug_barrier()  # every thread has read its logits (and logit_t) before e overwrites them in place
     amax = tl.zeros([BLOCK], tl.float64)
     fl = tl.zeros([BLOCK], tl.int32)
     for start in range(0, V, BLOCK):
