@@ -5,4 +5,5 @@ Importing a twin module needs triton; `kernels.backend("triton")` imports them l
 """
 
 # kernels/ref modules that have a Triton twin module here
-TWINS = ("adamw", "elementary", "reduce", "rmsnorm", "rope", "softmax", "swiglu")
+TWINS = ("adamw", "attention", "contraction", "elementary", "embedding", "hadamard", "int8_linear", "intmm", "loss",
+         "reduce", "rmsnorm", "rope", "rotated_mm", "softmax", "swiglu")

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from kernels.ref import elementary as ref
 from kernels.ref.checks import expect
-from kernels.triton.ieee import INF, div_rn, pow2, rint, sqrt_rn
+from kernels.triton.ieee import INF, div_rn, frexp_exponent, nan_f64, pow2, rint, sqrt_rn
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
 
 F32 = torch.float32
@@ -24,6 +24,10 @@ LN2_LO = tl.constexpr(ref.LN2_LO)
 C0, C1, C2, C3, C4, C5, C6 = (tl.constexpr(c) for c in ref._INV_FACT[:7])
 C7, C8, C9, C10, C11, C12, C13 = (tl.constexpr(c) for c in ref._INV_FACT[7:14])
 EXP_HI = tl.constexpr(709.9)  # not a float32: materialized as a float64 tensor (tl.minimum and > would round it)
+
+SQRT_HALF = tl.constexpr(ref.SQRT_HALF)
+L0, L1, L2, L3, L4, L5 = (tl.constexpr(1.0 / (2 * i + 1)) for i in range(6))  # ref.log64's series, as doubles
+L6, L7, L8, L9, L10, L11 = (tl.constexpr(1.0 / (2 * i + 1)) for i in range(6, 12))
 
 EXP, SQRT, RSQRT, SIGMOID, SILU = 0, 1, 2, 3, 4
 BLOCK = 1024
@@ -53,6 +57,37 @@ def exp64(x):
     k1 = ki >> 1  # floor division by 2 (arithmetic shift), as torch.div(..., rounding_mode="floor")
     y = (p * pow2(k1)) * pow2(ki - k1)
     y = tl.where(x > hi, INF, y)
+    return tl.where(x != x, x, y)
+
+
+@triton.jit
+def log64(x):
+    """ref.log64 of float64 x: x = m 2^e, m in [sqrt(1/2), sqrt(2)), 2 atanh((m-1)/(m+1)) by Horner, + e ln2."""
+    e = frexp_exponent(tl.abs(x))
+    h = e >> 1  # 2^-e in two exact halves: a subnormal x has e < -1022
+    m = (x * pow2(-h)) * pow2(h - e)  # torch.frexp's mantissa in [0.5, 1), exact
+    low = m < tl.full(m.shape, SQRT_HALF, tl.float64)  # a float64 tensor: `m < SQRT_HALF` would round it to float32
+    m = tl.where(low, m + m, m)
+    ef = (e - low.to(tl.int64)).to(tl.float64)
+    f = m - 1.0
+    s = div_rn(f, f + 2.0)
+    s2 = s * s
+    p = L11 * s2 + L10  # rounded * then rounded + (no FMA: enable_fp_fusion=False)
+    p = p * s2 + L9
+    p = p * s2 + L8
+    p = p * s2 + L7
+    p = p * s2 + L6
+    p = p * s2 + L5
+    p = p * s2 + L4
+    p = p * s2 + L3
+    p = p * s2 + L2
+    p = p * s2 + L1
+    p = p * s2 + L0
+    lm = (s + s) * p
+    y = ef * LN2_HI + (lm + ef * LN2_LO)
+    y = tl.where(x == 0, -INF, y)
+    y = tl.where(x < 0, nan_f64(), y)
+    y = tl.where(x == INF, x, y)
     return tl.where(x != x, x, y)
 
 

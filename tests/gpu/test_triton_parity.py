@@ -22,10 +22,18 @@ from kernels.ref.fixed import pow2  # noqa: E402
 from kernels.ref import rmsnorm as r_rms, rope as r_rope, softmax as r_soft, swiglu as r_swiglu  # noqa: E402
 from kernels.triton import adamw as t_adamw, elementary as t_el, reduce as t_reduce  # noqa: E402
 from kernels.triton import rmsnorm as t_rms, rope as t_rope, softmax as t_soft, swiglu as t_swiglu  # noqa: E402
+from kernels.ref import hadamard as r_had, int8_linear as r_lin, intmm as r_mm, rotated_mm as r_rot  # noqa: E402
+from kernels.triton import hadamard as t_had, int8_linear as t_lin, intmm as t_mm, rotated_mm as t_rot  # noqa: E402
+from kernels.ref import contraction as r_hp, embedding as r_emb, loss as r_loss  # noqa: E402
+from kernels.triton import contraction as t_hp, embedding as t_emb, loss as t_loss  # noqa: E402
+from kernels.ref import attention as r_att  # noqa: E402
+from kernels.triton import attention as t_att  # noqa: E402
 
 BASE = int(os.environ.get("TRITON_PARITY_SEED", int.from_bytes(os.urandom(6), "little")))
 INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 CUDA = torch.device("cpu" if INTERPRET else "cuda")
+# shapes too large for the interpreter's few minutes: run on the GPU only
+gpu_only = pytest.mark.skipif(INTERPRET, reason="too large for TRITON_INTERPRET")
 
 
 def setup_module(_):
@@ -223,3 +231,200 @@ def test_backend_namespace_runs_the_twins():
     assert b.rmsnorm.rmsnorm is t_rms.rmsnorm and b.reduce.dot is r_reduce.dot
     x = normal((9, 70), "ns").to(CUDA)
     assert mismatches(b.softmax.softmax(x), r_soft.softmax(x)) == 0
+
+
+# --- int8 GEMMs, Hadamard rotation, the int8 QAT linear (issue 7) ---
+
+def int8s(shape, *tag) -> torch.Tensor:
+    """Uniform int8 in [-128, 127] (-128 included: the GEMM must be exact for every code)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (philox.random_bits(seed(*tag), 0, n) % 256 - 128).to(torch.int8).reshape(shape)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 5), (130, 200, 65), (64, 16, 128),
+                                   pytest.param(1000, 4096, 2000, marks=gpu_only)], ids=str)
+def test_int8_mm(m, k, n):
+    a, b = int8s((m, k), "mm", m, k), int8s((k, n), "mm", k, n)
+    want = r_mm.int8_mm(a, b)
+    for bb in (b, b.t().contiguous().t()):  # row-major and column-major B
+        assert torch.equal(t_mm.int8_mm(a.to(CUDA), bb.to(CUDA)).cpu(), want)
+
+
+def test_int8_bmm():
+    a, b = int8s((2, 3, 17, 40), "bmm"), int8s((2, 3, 40, 9), "bmm", "b")
+    assert torch.equal(t_mm.int8_bmm(a.to(CUDA), b.to(CUDA)).cpu(), r_mm.int8_bmm(a, b))
+
+
+@pytest.mark.parametrize("case", ["fwht 1024", "fwht 2048 (two passes)", "fwht dim 0", "fwht 1", "block dim 1",
+                                  "block dim 0", "block 8 padded", "block 2048 float64", "block middle dim"])
+def test_hadamard(case):
+    x = wide((5, 3000), "had", case)
+    x[0, :7], x[1, :5] = 0.0, -0.0  # signed zeros: a + b and a - b must keep the reference's signs
+    fn = {"fwht 1024": lambda m, t: m.fwht(t[:, :1024]),
+          "fwht 2048 (two passes)": lambda m, t: m.fwht(t[:, :2048], 1),
+          "fwht dim 0": lambda m, t: m.fwht(t[:4, :100].double(), 0),
+          "fwht 1": lambda m, t: m.fwht(t[:3, :1]),
+          "block dim 1": lambda m, t: m.block_hadamard(t, 1),
+          "block dim 0": lambda m, t: m.block_hadamard(t, 0),
+          "block 8 padded": lambda m, t: m.block_hadamard(t[:, :100], 1, 8),
+          "block 2048 float64": lambda m, t: m.block_hadamard(t.double(), 1, 2048),
+          "block middle dim": lambda m, t: m.block_hadamard(t.reshape(5, 30, 100), 1, 16)}[case]
+    assert mismatches(fn(t_had, x.to(CUDA)), fn(r_had, x.to(CUDA))) == 0
+    assert mismatches(fn(t_had, x.to(CUDA)), fn(r_had, x)) == 0
+
+
+@pytest.mark.parametrize("r,c,s,rotate,block", [(7, 33, 5, True, 256), (40, 300, 70, True, 256),
+                                                (40, 300, 70, False, 256), (3, 1, 4, True, 256),
+                                                (20, 100, 9, True, 16), (17, 2048, 3, True, 1024),
+                                                pytest.param(1024, 5632, 2048, True, 256, marks=gpu_only)], ids=str)
+def test_rotated_int8_mm(r, c, s, rotate, block):
+    a, b = normal((r, c), "rot", r, c), normal((c, s), "rot", c, s, "b")
+    a[:, ::7] *= 100.0  # outliers: the rotation's reason to exist
+    if r > 10:
+        a[3, 5], b[7, 2] = float("inf"), float("nan")  # a NaN row and a NaN column
+    want = r_rot.rotated_int8_mm(a.to(CUDA), b.to(CUDA), rotate=rotate, block=block)
+    assert mismatches(want, r_rot.rotated_int8_mm(a, b, rotate=rotate, block=block)) == 0
+    for aa, bb in ((a, b), (a.t().contiguous().t(), b.t().contiguous().t())):  # strided operands
+        assert mismatches(t_rot.rotated_int8_mm(aa.to(CUDA), bb.to(CUDA), rotate=rotate, block=block), want) == 0
+
+
+@pytest.mark.parametrize("shape,n,wdtype,rotate", [((1, 8), 16, torch.float32, True),
+                                                   ((2, 3, 33), 20, torch.float32, True),
+                                                   ((96, 160), 200, torch.float32, False),
+                                                   ((50, 100), 70, torch.bfloat16, True),
+                                                   ((37, 300), 45, torch.float32, True),
+                                                   pytest.param((4, 512, 2048), 5632, torch.bfloat16, True,
+                                                                marks=gpu_only),
+                                                   pytest.param((1024, 512), 1408, torch.float32, False,
+                                                                marks=gpu_only)], ids=str)
+def test_int8_linear(shape, n, wdtype, rotate):
+    k = shape[-1]
+    x = normal(shape, "lin", shape, n)
+    w = normal((n, k), "lin", shape, n, "w", std=0.02).to(wdtype)
+    g = normal((*shape[:-1], n), "lin", shape, n, "g")
+    g[..., :: max(1, n // 7)] *= 100.0  # heavy-tailed columns, as real gradients have
+    x.view(-1)[:: 11] *= 8.0            # some |x / s_x| beyond 127: the straight-through gate closes there
+    s_x = torch.tensor(0.03)
+    three_ways(lambda a, b, c: t_lin.int8_linear(a, b, c, rotate=rotate),
+               lambda a, b, c: r_lin.int8_linear(a, b, c, rotate=rotate), [x, w, s_x], g)
+
+
+def test_int8_linear_nonfinite_and_zero_rows():
+    x, w, g = normal((9, 40), "lin-nf"), normal((12, 40), "lin-nf", "w", std=0.02), normal((9, 12), "lin-nf", "g")
+    x[2, 3], w[5, 1] = float("nan"), float("inf")  # a NaN output row and column
+    w[7] = 0.0                                      # an all-zero row: step 1, codes 0
+    three_ways(t_lin.int8_linear, r_lin.int8_linear, [x, w, torch.tensor(0.05)], g)
+    assert mismatches(t_lin.weight_step(w.to(CUDA)), r_lin.weight_step(w)) == 0
+
+
+# --- embedding: gather forward, exact int64 scatter-add backward ---
+
+@pytest.mark.parametrize("shape,v,d,dtype,ids_dtype", [((3, 7), 11, 33, torch.float32, torch.int64),
+                                                       ((40,), 50, 300, torch.bfloat16, torch.int32),
+                                                       ((2, 64), 3, 130, torch.float32, torch.int64),
+                                                       pytest.param((4, 2048), 32000, 1024, torch.bfloat16,
+                                                                    torch.int64, marks=gpu_only)], ids=str)
+def test_embedding(shape, v, d, dtype, ids_dtype):
+    n = 1
+    for s in shape:
+        n *= s
+    ids = (philox.random_bits(seed("emb", shape), 0, n) % v).reshape(shape).to(ids_dtype)
+    ids.view(-1)[: n // 4] = ids.view(-1)[0]  # one hot row: many addends (and atomics) on the same entries
+    w = normal((v, d), "emb", shape).to(dtype)
+    g = wide((*shape, d), "emb", shape, "g").to(dtype)
+
+    def run(fn, dev):
+        ww = w.to(dev).clone().requires_grad_(True)
+        y = fn(ids.to(dev), ww)
+        y.backward(g.to(dev))
+        return {"y": y, "dw": ww.grad}
+
+    assert_same(run(t_emb.embedding, CUDA), run(r_emb.embedding, CUDA), run(r_emb.embedding, "cpu"))
+
+
+def test_embedding_grad_nonfinite():
+    ids = torch.tensor([[0, 0, 1, 2], [3, 3, 2, 4]])
+    g = normal((2, 4, 9), "emb-nf")
+    g[0, 0, 3], g[0, 1, 3] = float("inf"), -float("inf")  # +inf + -inf in one entry: NaN
+    g[0, 2, 5], g[1, 0, 6], g[1, 1, 6] = float("nan"), float("inf"), float("inf")
+    want = r_emb.embedding_grad(ids, g, 6)
+    assert mismatches(t_emb.embedding_grad(ids.to(CUDA), g.to(CUDA), 6), want) == 0
+
+
+# --- the int8-sliced high-precision matmul, and the fused cross-entropy + z-loss built on it ---
+
+@pytest.mark.parametrize("sa,sb,slices", [((7, 33), (33, 5), 3), ((70, 130), (130, 90), 3),
+                                          ((2, 3, 17, 40), (2, 3, 40, 9), 3), ((20, 50), (50, 30), 1),
+                                          ((20, 50), (50, 30), 2), ((20, 50), (50, 30), 4), ((1, 1), (1, 1), 3),
+                                          pytest.param((2, 70000), (70000, 3), 3, marks=gpu_only),
+                                          pytest.param((4096, 2048), (2048, 2048), 3, marks=gpu_only)], ids=str)
+def test_hp_matmul(sa, sb, slices):
+    a, b = wide(sa, "hp", sa, sb), normal(sb, "hp", sa, sb, "b")
+    if sa[-2] > 10:
+        a[..., 3, 4], b[..., 2, 5], a[..., 5, :] = float("nan"), float("inf"), 0.0  # NaN row, NaN column, zeros
+    g = normal((*sa[:-1], sb[-1]), "hp", sa, sb, "g")
+    three_ways(lambda x, y: t_hp.hp_matmul(x, y, slices), lambda x, y: r_hp.hp_matmul(x, y, slices), [a, b], g,
+               cpu=sa[-2] < 4096)
+    bt = b.transpose(-1, -2).contiguous().transpose(-1, -2)  # a column-major operand
+    assert mismatches(t_hp.hp_matmul_(a.to(CUDA), bt.to(CUDA), slices), r_hp.hp_matmul_(a, b, slices)) == 0
+
+
+@pytest.mark.parametrize("n,d,v,chunk,z_weight,ignored", [(300, 40, 77, 128, 1e-4, 0.2), (130, 33, 50, 256, 0.0, 0.0),
+                                                          (64, 20, 30, 128, 1e-3, 1.0),
+                                                          pytest.param(4096, 2048, 32768, 1024, 1e-4, 0.05,
+                                                                       marks=gpu_only)], ids=str)
+def test_cross_entropy_zloss(n, d, v, chunk, z_weight, ignored):
+    h, w = normal((n, d), "ce", n, v), normal((v, d), "ce", n, v, "w", std=0.5)
+    tg = philox.random_bits(seed("ce", n, v, "t"), 0, n) % v
+    tg = torch.where(philox.uniform(seed("ce", n, v, "drop"), 0, (n,)) < ignored, torch.full_like(tg, -100), tg)
+
+    def run(fn, dev, grads=(True, True)):
+        hh, ww = h.to(dev).clone().requires_grad_(grads[0]), w.to(dev).clone().requires_grad_(grads[1])
+        loss, ce, z = fn(hh, ww, tg.to(dev), z_weight=z_weight, chunk=chunk)
+        loss.backward(torch.tensor(1.5, device=dev))
+        out = {"loss": loss, "ce": ce, "z": z}
+        out.update({k: t.grad for k, t in (("dh", hh), ("dw", ww)) if t.grad is not None})
+        return out
+
+    assert_same(run(t_loss.cross_entropy_zloss, CUDA), run(r_loss.cross_entropy_zloss, CUDA),
+                run(r_loss.cross_entropy_zloss, "cpu") if n < 4096 else None)
+    if n < 200:
+        for grads in ((True, False), (False, True)):  # one gradient alone skips the other's passes
+            assert_same(run(t_loss.cross_entropy_zloss, CUDA, grads), run(r_loss.cross_entropy_zloss, CUDA, grads))
+
+
+def test_cross_entropy_zloss_nonfinite_row():
+    h, w = normal((140, 24), "ce-nf"), normal((40, 24), "ce-nf", "w")
+    h[7, 3] = float("nan")  # a NaN token: its logits, ce, z and g are NaN; the means are NaN
+    tg = philox.random_bits(seed("ce-nf"), 0, 140) % 40
+    twin = t_loss.cross_entropy_zloss(h.to(CUDA), w.to(CUDA), tg.to(CUDA), chunk=128)
+    want = r_loss.cross_entropy_zloss(h, w, tg, chunk=128)
+    assert all(mismatches(a, b) == 0 for a, b in zip(twin, want))
+
+
+# --- attention: hp logits, BR softmax, int8 P.V; backward through the hp and softmax twins ---
+
+@pytest.mark.parametrize("b,hq,hkv,t,d,kw", [(1, 2, 1, 20, 16, dict(pv_block=8)),
+                                            (1, 2, 2, 33, 24, dict(pv_block=16, window=5)),
+                                            (1, 1, 1, 24, 16, dict(pv_block=64, causal=False)),
+                                            (1, 1, 1, 5, 8, dict(pv_block=7, scale=0.3)),
+                                            pytest.param(2, 16, 4, 1024, 128, dict(pv_block=64), marks=gpu_only),
+                                            pytest.param(1, 8, 2, 1000, 64, dict(pv_block=100, window=256),
+                                                         marks=gpu_only)], ids=str)
+def test_attention(b, hq, hkv, t, d, kw):
+    q = normal((b, hq, t, d), "att", t, d, std=2.0)
+    k, v = normal((b, hkv, t, d), "att", t, d, "k"), normal((b, hkv, t, d), "att", t, d, "v")
+    g = normal((b, hq, t, d), "att", t, d, "g")
+    three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
+               [q, k, v], g, cpu=t < 1000)
+
+
+def test_attention_nonfinite():
+    q, k, v = normal((1, 2, 18, 16), "att-nf"), normal((1, 1, 18, 16), "att-nf", "k"), normal((1, 1, 18, 16),
+                                                                                             "att-nf", "v")
+    v[0, 0, 4, 3] = float("inf")   # a NaN output column
+    q[0, 1, 9, 0] = float("nan")   # a NaN logits row (and output row)
+    want = r_att.attention(q, k, v, pv_block=8)
+    assert mismatches(t_att.attention(q.to(CUDA), k.to(CUDA), v.to(CUDA), pv_block=8), want) == 0

@@ -32,11 +32,11 @@ def test_kernels_imports_without_triton():
 def test_triton_namespace_twins_and_fallbacks():
     pytest.importorskip("triton")
     b = kernels.backend("triton")
-    from kernels.ref import attention, reduce as r_reduce
+    from kernels.ref import philox, reduce as r_reduce
     from kernels.triton import rmsnorm as t_rms
 
     assert b.rmsnorm is t_rms and b.rmsnorm.rmsnorm is t_rms.rmsnorm
     assert b.reduce.dot is r_reduce.dot            # no twin: the reference op
-    assert b.attention is attention                 # no twin module: the reference module
+    assert b.philox is philox                       # no twin module: the reference module
     x = torch.linspace(-3, 3, 70).reshape(7, 10)    # CPU tensors: the twin runs the reference
     assert torch.equal(b.rmsnorm.rmsnorm(x), kernels.ref.rmsnorm.rmsnorm(x))

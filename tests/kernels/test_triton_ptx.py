@@ -18,19 +18,29 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from kernels.triton import adamw, elementary, reduce, rmsnorm, rope, softmax, statehash, swiglu  # noqa: E402
+from kernels.triton import attention, contraction, embedding, hadamard, int8_linear, intmm  # noqa: E402
+from kernels.triton import loss, rotated_mm  # noqa: E402
 from kernels.triton.launch import BR_OPTIONS  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FORBIDDEN = re.compile(r"\b(fma\.rn\.f(32|64)|mad\.(rn\.)?f(32|64)|(div|rcp|sqrt|rsqrt|ex2|lg2)\.approx"
                        r"|div\.full|[a-z0-9.]*\.ftz[a-z0-9.]*)")
-P32, P64, I32, I64 = "*fp32", "*fp64", "*i32", "*i64"
+P32, P64, I32, I64, I8 = "*fp32", "*fp64", "*i32", "*i64", "*i8"
 
 
-def ptx(fn, sig: dict, **constexprs) -> str:
-    """PTX of a jit function for sm_90, compiled with the launch options every twin uses."""
+def ptx(fn, sig: dict, options: dict | None = None, **constexprs) -> str:
+    """PTX of a jit function for sm_90, compiled with the launch options every twin uses.
+
+    Pointers and the integer arguments named in options["aligned"] are marked divisible by 16, as a launch
+    with 16-aligned tensors and sizes specializes them (what lets a GEMM's loads become async copies).
+    """
+    options = dict(options or {})
+    aligned = options.pop("aligned", ())
     sig = {**sig, **{k: "constexpr" for k in constexprs}}
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
-    return triton.compile(src, target=TARGET, options=dict(BR_OPTIONS)).asm["ptx"]
+    names = fn.arg_names
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*") or k in aligned}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=TARGET, options={**BR_OPTIONS, **options}).asm["ptx"]
 
 
 def _double_hex(v: float) -> str:
@@ -80,6 +90,103 @@ KERNELS = {
     "blake3_parent": (statehash._parent_kernel, {"cv_in": I32, "cv_out": I32, "n": "i64"},
                       dict(IS_ROOT=False, LANES=128)),
 }
+
+GEMM_SIG = {"a_ptr": I8, "b_ptr": I8, "out_ptr": P32, "M": "i32", "N": "i32", "K": "i32", "s_ab": "i32", "s_am": "i32",
+            "s_bb": "i32", "s_bn": "i32", "s_ob": "i32", "s_om": "i32", "rs_ptr": P32, "cs_ptr": P32, "inv": "fp32",
+            "badr_ptr": I32, "badc_ptr": I32, "msrc_ptr": P32, "mscale_ptr": P32, "mscale_stride": "i32"}
+GEMM_ALIGNED = dict(aligned=("K", "s_ab", "s_am", "s_bb", "s_bn", "s_ob", "s_om"), num_warps=8, num_stages=4)
+W8 = dict(num_warps=8)
+HP_CFG = dict(BM=128, BN=64, BK=128, GROUP_M=8)
+HP_OPTS = dict(aligned=("Kp", "sa", "sb"), num_warps=8, num_stages=3)
+HP_SIG = {"a_ptr": I8, "b_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "out_ptr": P32,
+          "post_ptr": P32, "M": "i32", "N": "i32", "Kp": "i32", "sa": "i32", "sb": "i32"}
+SPLIT_SIG = {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col": "i32", "rows": "i32", "K": "i32",
+             "lim": "i32", "Kp": "i32", "q_ptr": I8, "e_ptr": I64, "bad_ptr": I32}
+# issue 7: the int8, Hadamard, embedding, contraction and loss twins
+KERNELS7 = {
+    "int8_mm": (intmm._gemm_kernel, {**GEMM_SIG, "out_ptr": I32}, GEMM_ALIGNED,
+                dict(s_ak=1, s_bk=1, FLOAT_OUT=False, HAS_ROW=False, HAS_COL=False, HAS_INV=False, HAS_BAD=False,
+                     HAS_MASK=False, BM=128, BN=128, BK=128, GROUP_M=8)),
+    "int8_gemm_epilogue": (intmm._gemm_kernel, GEMM_SIG, GEMM_ALIGNED,
+                           dict(s_ak=1, s_bk=1, FLOAT_OUT=True, HAS_ROW=True, HAS_COL=True, HAS_INV=True,
+                                HAS_BAD=True, HAS_MASK=True, BM=128, BN=128, BK=128, GROUP_M=8)),
+    "hadamard_256": (hadamard._pass_kernel, {"x_ptr": P32, "y_ptr": P32, "rows": "i32", "n_in": "i32",
+                                             "n_out": "i32", "C": "i32", "Q": "i32"}, W8,
+                     dict(L=256, LOG_L=8, R=16)),
+    "hadamard_1024_f64": (hadamard._pass_kernel, {"x_ptr": P64, "y_ptr": P64, "rows": "i32", "n_in": "i32",
+                                                  "n_out": "i32", "C": "i32", "Q": "i32"}, W8,
+                          dict(L=1024, LOG_L=10, R=4)),
+    "rotate_quantize": (rotated_mm._rotate_quantize_kernel,
+                        {"src_ptr": "*bf16", "s_row": "i32", "s_col": "i32", "rows": "i32", "C": "i32", "Kp": "i32",
+                         "pre_ptr": P32, "pre_stride": "i32", "q_ptr": I8, "step_ptr": P32, "bad_ptr": I32}, W8,
+                        dict(PRE=True, ROTATE=True, L=256, LOG_L=8, R=16)),
+    "int8_weight": (int8_linear._weight_kernel, {"w_ptr": P32, "N": "i32", "K": "i32", "Kp": "i32", "top": "i32",
+                                                 "inv_bits": "i64", "repin": "fp32", "sx_ptr": P32, "sw_ptr": P32,
+                                                 "cs_ptr": P32, "bad_ptr": I32, "q_ptr": I8}, {},
+                    dict(QUANT=True, R=1, BK=1024)),
+    "int8_activation": (int8_linear._activation_kernel, {"x_ptr": P32, "sx_ptr": P32, "q_ptr": I8, "bad_ptr": I32,
+                                                         "M": "i32", "K": "i32", "Kp": "i32"}, {}, dict(R=16, BK=128)),
+    "int8_lsq_stats": (int8_linear._lsq_stats_kernel, {"dxh_ptr": P32, "x_ptr": P32, "sx_ptr": P32, "dx_ptr": P32,
+                                                       "amax_ptr": P64, "flags_ptr": I32, "n": "i32", "span": "i32"},
+                       {}, dict(NEED_X=True, BLOCK=1024)),
+    "int8_lsq_sum": (int8_linear._lsq_sum_kernel, {"dxh_ptr": P32, "x_ptr": P32, "sx_ptr": P32, "amax_ptr": P64,
+                                                   "part_ptr": I64, "n": "i32", "span": "i32", "S": "i32",
+                                                   "top": "i32"}, {}, dict(S_POW2=4, BLOCK=1024)),
+    "embedding_stats": (embedding._stats_kernel, {"g_ptr": "*bf16", "amax_ptr": P64, "flags_ptr": I32, "total": "i32",
+                                                  "span": "i32"}, {}, dict(BLOCK=1024)),
+    "embedding_scatter": (embedding._scatter_kernel, {"g_ptr": P32, "ids_ptr": I64, "amax_ptr": P64,
+                                                      "acc_ptr": I64, "flag_ptr": I32, "N": "i32", "D": "i32",
+                                                      "S": "i32", "top": "i32"}, {},
+                          dict(NONFINITE=True, S_POW2=4, R=8, BD=256)),
+    "embedding_finish": (embedding._finish_kernel, {"acc_ptr": I64, "flag_ptr": I32, "amax_ptr": P64, "out_ptr": P32,
+                                                    "total": "i32", "S": "i32", "top": "i32"}, {},
+                         dict(NONFINITE=True, S_POW2=4, BLOCK=1024)),
+    "hp_split": (contraction._split_kernel, SPLIT_SIG, W8, dict(SLICES=3, R=32, BK=128)),
+    "hp_gemm": (contraction._hp_kernel, HP_SIG, HP_OPTS,
+                dict(HAS_POST=True, LONG_K=False, SLICES=3, **HP_CFG)),
+    "hp_gemm_long_k": (contraction._hp_kernel, HP_SIG, HP_OPTS, dict(HAS_POST=False, LONG_K=True, SLICES=3, **HP_CFG)),
+    "loss_row": (loss._row_kernel, {"buf_ptr": P32, "targets_ptr": I64, "ce_ptr": P32, "z_ptr": P32, "V": "i32",
+                                    "top": "i32", "ignore_index": "i32", "z2": "fp32"}, dict(num_warps=8),
+                 dict(NEED_G=True, BLOCK=2048)),
+    "loss_dw": (loss._dw_kernel, {"ga_ptr": I8, "hb_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32,
+                                  "badb_ptr": I32, "dw_ptr": P64, "V": "i32", "D": "i32", "NB": "i32", "Kp": "i32",
+                                  "sa": "i32", "sb": "i32"}, HP_OPTS, dict(SLICES=3, **{**HP_CFG, "BN": 32})),
+    "attention_v": (attention._v_kernel, {"v_ptr": P32, "qv_ptr": I8, "sv_ptr": P32, "s_ptr": I64, "bad_ptr": I32,
+                                          "T": "i32", "D": "i32", "NB": "i32", "top": "i32"}, {},
+                    dict(BLK=64, BLKP=64, BD=64, TT=32)),
+    "attention_pv": (attention._pv_kernel, {"p_ptr": P32, "qv_ptr": I8, "sv_ptr": P32, "s_ptr": I64,
+                                            "vbad_ptr": I32, "out_ptr": P32, "M": "i32", "T": "i32", "D": "i32",
+                                            "NB": "i32", "window": "i32"}, W8,
+                     dict(CAUSAL=True, WINDOW=True, BLK=64, BLKP=64, BM=64, BD=64)),
+}
+
+
+@pytest.fixture(scope="module")
+def compiled7() -> dict[str, str]:
+    return {name: ptx(fn, sig, opts, **ce) for name, (fn, sig, opts, ce) in KERNELS7.items()}
+
+
+def test_issue7_no_fma_and_no_approximate_ops(compiled7):
+    bad = {name: sorted(set(m.group(0) for m in FORBIDDEN.finditer(text))) for name, text in compiled7.items()}
+    assert not {k: v for k, v in bad.items() if v}, bad
+
+
+def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
+    """wgmma s8 x s8 -> s32 (not the older mma.sync path), fed by async copies (a pipelined K loop)."""
+    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "loss_dw", "attention_pv"):
+        text = compiled7[name]
+        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
+        assert "cp.async" in text, name
+
+
+def test_issue7_division_and_rounding(compiled7):
+    assert "div.rn.f32" in compiled7["int8_gemm_epilogue"]      # the straight-through gate's w / s_w
+    assert "div.rn.f32" in compiled7["rotate_quantize"] and "div.rn.f32" in compiled7["int8_activation"]
+    assert "cvt.rni.f64.f64" in compiled7["rotate_quantize"]    # round half to even (torch.round)
+    assert "div.rn.f64" in compiled7["loss_row"]                # log64's f / (f + 2)
+    assert "atom.global" in compiled7["embedding_scatter"] and ".u64" in compiled7["embedding_scatter"]
+    from kernels.ref import elementary as E
+    assert _double_hex(E.SQRT_HALF) in compiled7["loss_row"]    # log64's bound stays a double
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,182 @@
+"""Triton twin of kernels/ref/attention.py: causal / sliding-window GQA attention with int8 P.V, same bits.
+
+The reference's steps, each on its twin: logits = hp_matmul_(q, k^T) (kernels/triton/contraction) times
+the float32 scale, masked with -inf, softmax_ (kernels/triton/softmax), then P.V in int8 here: V is cut
+once per key block (step amax|v|/127 per block and column, codes stored K-contiguous) with the column's
+fixed-point shift from its whole-T amax; one program per tile of query rows quantizes each P block per row
+(step max p / 127), multiplies on int8 tensor cores, dequantizes ((float32(acc) * s_p) * s_v) and adds the
+block's int64 fixed-point value, so the block order cannot show. Blocks wholly above the causal diagonal
+(or before the window) are skipped: their P is exactly 0 (our exp of -inf), which adds 0.
+Backward: the reference's straight-through contractions, all through the hp_matmul_ and softmax twins.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.ref import attention as ref, fixed as ref_fixed
+from kernels.triton import contraction as hp, softmax as t_soft
+from kernels.triton.fixedpoint import from_fixed, scale_shift, to_fixed
+from kernels.triton.ieee import INF, div_rn, isfinite, nan_f64
+from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_at_least
+from kernels.triton.rotated_mm import code8
+
+F32 = torch.float32
+MAX_KEYS = 256   # P.V blocks up to this many keys run here (larger pv_block: the reference)
+V_T = 32         # keys per step of the V pass
+
+
+@triton.jit(do_not_specialize=["T", "D", "NB", "top"])
+def _v_kernel(v_ptr, qv_ptr, sv_ptr, s_ptr, bad_ptr, T, D, NB, top,
+              BLK: tl.constexpr, BLKP: tl.constexpr, BD: tl.constexpr, TT: tl.constexpr):
+    """One (batch, column tile) of V [T, D]: the shift s, bad columns, per-block steps and codes [NB, D, BLKP]."""
+    b = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    dm = d < D
+    base = v_ptr + b * T * D
+    amax = tl.zeros([BD], tl.float32)
+    bad = tl.zeros([BD], tl.int32)
+    for t0 in range(0, T, TT):
+        t = t0 + tl.arange(0, TT)
+        x = tl.load(base + t[:, None].to(tl.int64) * D + d[None, :], mask=(t < T)[:, None] & dm[None, :], other=0.0)
+        bad = bad | tl.max(tl.where(isfinite(x), 0, 1), axis=0)
+        amax = tl.maximum(amax, tl.max(tl.abs(tl.where(isfinite(x), x, 0.0)), axis=0))
+    # the reference's fixed-point shift for sums of T terms, one bit lower (the dequantization's roundings)
+    s = scale_shift(amax.to(tl.float64), top) - 1
+    tl.store(s_ptr + b * D + d, s, mask=dm)
+    tl.store(bad_ptr + b * D + d, bad, mask=dm)
+    j = tl.arange(0, BLKP)
+    for kb in range(0, NB):
+        t = kb * BLK + j
+        m = ((j < BLK) & (t < T))[:, None] & dm[None, :]
+        x = tl.load(base + t[:, None].to(tl.int64) * D + d[None, :], mask=m, other=0.0)
+        x = tl.where(isfinite(x), x, 0.0)
+        sv = div_rn(tl.max(tl.abs(x), axis=0), tl.full([BD], 127.0, tl.float32))  # amax / 127, tensor division
+        safe = tl.where(sv > 0, sv, 1.0)
+        q = code8(div_rn(x, tl.broadcast_to(safe[None, :], x.shape)))
+        row = (b * NB + kb) * D + d
+        tl.store(sv_ptr + row, sv, mask=dm)  # the step itself (0 for an all-zero column), as quantize_int8
+        tl.store(qv_ptr + row[None, :] * BLKP + j[:, None], q.to(tl.int8), mask=dm[None, :])  # [D, BLKP]: K-major
+
+
+@triton.jit(do_not_specialize=["M", "T", "D", "NB", "window"])
+def _pv_kernel(p_ptr, qv_ptr, sv_ptr, s_ptr, vbad_ptr, out_ptr, M, T, D, NB, window,
+               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, BLK: tl.constexpr, BLKP: tl.constexpr,
+               BM: tl.constexpr, BD: tl.constexpr):
+    """out [BM rows, BD columns] of P [M, T] @ V for one batch: int8 per key block, exact int64 fixed-point sum."""
+    b = tl.program_id(1).to(tl.int64)
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    live = rm < M
+    d = tl.program_id(2) * BD + tl.arange(0, BD)
+    dm = d < D
+    j = tl.arange(0, BLKP)
+    s = tl.load(s_ptr + b * D + d, mask=dm, other=0)
+    prow = p_ptr + (b * M + tl.where(live, rm, 0).to(tl.int64)) * T
+    lo = 0
+    hi = NB
+    if CAUSAL:
+        i = rm % T  # the query position of each row (rows are (query head, position) pairs)
+        hi = tl.max(tl.where(live, i, 0), 0) // BLK + 1  # later blocks hold only P == 0 for these rows
+        if WINDOW:
+            lo = tl.maximum(tl.min(tl.where(live, i, T), 0) - window + 1, 0) // BLK
+    acc = tl.zeros([BM, BD], tl.int64)
+    bad = tl.zeros([BM], tl.int32)
+    for kb in range(lo, hi):
+        t = kb * BLK + j
+        cm = (j < BLK) & (t < T)
+        p = tl.load(prow[:, None] + t[None, :], mask=live[:, None] & cm[None, :], other=0.0)
+        bad = bad | tl.max(tl.where(isfinite(p), 0, 1), axis=1)
+        p = tl.where(isfinite(p), p, 0.0)
+        sp = div_rn(tl.max(tl.where(cm[None, :], p, -INF), axis=1), tl.full([BM], 127.0, tl.float32))  # max p / 127
+        safe = tl.where(sp > 0, sp, 1.0)
+        qp = code8(div_rn(p, tl.broadcast_to(safe[:, None], p.shape))).to(tl.int8)
+        qv = tl.load(qv_ptr + ((b * NB + kb) * D + d)[:, None] * BLKP + j[None, :], mask=dm[:, None], other=0)
+        c = tl.dot(qp, tl.trans(qv), out_dtype=tl.int32)  # exact; |c| <= 127 * 127 * 1024 < 2^24
+        sv = tl.load(sv_ptr + (b * NB + kb) * D + d, mask=dm, other=0.0)
+        c = (c.to(tl.float32) * sp[:, None]) * sv[None, :]  # the reference's dequantization order
+        acc += to_fixed(c.to(tl.float64), s[None, :])  # integer adds: any block order, same sum
+    out = from_fixed(acc, s[None, :]).to(tl.float32)
+    vbad = tl.load(vbad_ptr + b * D + d, mask=dm, other=0)
+    out = tl.where((bad[:, None] | vbad[None, :]) != 0, nan_f64().to(tl.float32), out)
+    tl.store(out_ptr + (b * M + rm[:, None].to(tl.int64)) * D + d[None, :], out, mask=live[:, None] & dm[None, :])
+
+
+def pv_int8(p: torch.Tensor, v: torch.Tensor, block: int, causal: bool = False,
+            window: int | None = None) -> torch.Tensor:
+    """ref.pv_int8 for P [B, M, T] (float32, rows of queries at positions row % T) and V [B, T, D].
+
+    causal/window only let the kernel skip key blocks whose P is 0 for every row of a tile.
+    """
+    bsz, m, t = p.shape
+    d = v.shape[-1]
+    dev = p.device
+    nb = cdiv(t, block)
+    blkp = max(32, pow2_at_least(block))  # the int8 MMA's K: zero-padded, exact
+    bd = min(max(16, pow2_at_least(d)), 64)  # 64 columns per program: the int64 tile stays in registers
+    qv = torch.empty((bsz, nb, d, blkp), dtype=torch.int8, device=dev)
+    sv = torch.empty((bsz, nb, d), dtype=F32, device=dev)
+    s = torch.empty((bsz, d), dtype=torch.int64, device=dev)
+    vbad = torch.empty((bsz, d), dtype=torch.int32, device=dev)
+    top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
+    _v_kernel[(bsz, cdiv(d, bd))](v, qv, sv, s, vbad, t, d, nb, top, BLK=block, BLKP=blkp, BD=bd, TT=V_T,
+                                   num_warps=4, **BR_OPTIONS)
+    out = torch.empty((bsz, m, d), dtype=F32, device=dev)
+    bm = 32 if INTERPRET else 64
+    _pv_kernel[(cdiv(m, bm), bsz, cdiv(d, bd))](p, qv, sv, s, vbad, out, m, t, d, nb, window or 0, CAUSAL=causal,
+                                   WINDOW=window is not None, BLK=block, BLKP=blkp, BM=bm, BD=bd, num_warps=8,
+                                   **BR_OPTIONS)
+    return out
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, allowed, scale, pv_block, causal, window):
+        b, hq, t, d = q.shape
+        hkv = k.shape[1]
+        g = hq // hkv
+        qg = q.reshape(b, hkv, g * t, d)
+        logits = hp.hp_matmul_(qg, k.transpose(-1, -2)) * scale
+        if allowed is not None:
+            neg = torch.full((), -math.inf, dtype=F32, device=q.device)
+            logits = torch.where(allowed, logits.view(b, hkv, g, t, t), neg).view(b, hkv, g * t, t)
+        p = t_soft.softmax_(logits, -1)
+        ctx.save_for_backward(qg, k, v, p, scale)
+        out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
+        return out.reshape(b, hq, t, d)
+
+    @staticmethod
+    def backward(ctx, go):
+        qg, k, v, p, scale = ctx.saved_tensors
+        b, hkv, gt, d = qg.shape
+        gog = go.contiguous().reshape(b, hkv, gt, d)
+        dq = dk = dv = None
+        if ctx.needs_input_grad[2]:
+            dv = hp.hp_matmul_(p.transpose(-1, -2), gog)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            dp = hp.hp_matmul_(gog, v.transpose(-1, -2))
+            ds = t_soft.softmax_backward(p, dp, -1)  # straight-through: the unquantized softmax backward
+            if ctx.needs_input_grad[0]:
+                dq = (hp.hp_matmul_(ds, k) * scale).reshape(go.shape)
+            if ctx.needs_input_grad[1]:
+                dk = hp.hp_matmul_(ds.transpose(-1, -2), qg) * scale
+        return dq, dk, dv, None, None, None, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+              window: int | None = None, scale: float | None = None, pv_block: int = 64) -> torch.Tensor:
+    """softmax(q k^T * scale, masked) v with int8 P.V: the bits of kernels.ref.attention.attention."""
+    ref._check(q, k, v, causal, window, scale, pv_block)
+    d = q.shape[-1]
+    if not on_triton(q, k, v) or pv_block > MAX_KEYS or d > hp.MAX_K or q.shape[2] > hp.MAX_K:
+        return ref.attention(q, k, v, causal=causal, window=window, scale=scale, pv_block=pv_block)
+    sc = ref.default_scale(d, q.device) if scale is None else torch.tensor(float(scale), dtype=F32, device=q.device)
+    allowed = ref.allowed_keys(q.shape[2], causal, window, q.device)
+    return _Attention.apply(q, k, v, allowed, sc, pv_block, causal, window)
+
+
+def __getattr__(name: str):
+    """default_scale, allowed_keys, quantize_int8 and the constants are the reference's."""
+    return getattr(ref, name)

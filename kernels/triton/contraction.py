@@ -1,0 +1,292 @@
+"""Triton twin of kernels/ref/contraction.py: the BR int8-sliced high-precision matmul (hp_matmul).
+
+`split` cuts each row of an operand (its contracted elements, at any strides) into `slices` int8 slices
+exactly as ref.split_rows: the row's exponent e of its largest finite magnitude, r = x 2^(6 - e), then
+q = round(r), r = (r - q) 128, all exact in float64. `hp_tile` multiplies the slices of a row tile and a
+column tile: the products with i + j = t add in one int32 accumulator per t (|slice| <= 64, so 4 products
+of at most 2^16 K-steps stay below 2^31; longer contractions flush to int64 every 2^16), the int64 total is
+sum_t acc_t << 7 (2 (slices - 1) - t), converted once to float64 and scaled by the two exact powers of two
+in the reference's order, NaN on non-finite rows/columns, one rounding to float32.
+Integer sums are exact in any order, so the tiles, the split over K and the MMA order cannot change a bit.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.ref import contraction as ref
+from kernels.ref.checks import expect, same_device
+from kernels.triton.fixedpoint import finite_abs
+from kernels.triton.ieee import frexp_exponent, isfinite, nan_f64, pow2, rint
+from kernels.triton.intmm import MAX_BATCH
+from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton
+
+F32 = torch.float32
+KS = tl.constexpr(65536)  # K-steps per int32 accumulation: 4 * 64 * 64 * 2^16 = 2^30 < 2^31
+SPLIT_R, SPLIT_K = 32, 128
+
+
+@triton.jit(do_not_specialize=["rows", "K", "RB", "lim"])
+def _split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, lim, Kp, q_ptr, e_ptr, bad_ptr,
+                  SLICES: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """Row r = (batch b, row i) of an operand, element k at x + b s_batch + i s_row + k s_col, valid for
+    k < K and b K + k < lim -> slices [SLICES, rows, Kp] int8 (zero beyond K), exponent e [rows], bad [rows]."""
+    r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    live = r < rows
+    b = r // RB
+    base = x_ptr + b * s_batch + (r % RB) * s_row
+    amax = tl.zeros([R, BK], tl.float64)
+    bad = tl.zeros([R], tl.int32)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        m = live[:, None] & (k < K)[None, :] & ((b * K)[:, None] + k[None, :] < lim)
+        x = tl.load(base[:, None] + k[None, :].to(tl.int64) * s_col, mask=m, other=0.0).to(tl.float64)
+        amax = tl.maximum(amax, finite_abs(x))
+        bad = bad | tl.max(tl.where(isfinite(x), 0, 1), axis=1)
+    e = frexp_exponent(tl.max(amax, 1))
+    scale = pow2(6 - e)[:, None]
+    for k0 in range(0, Kp, BK):
+        k = k0 + tl.arange(0, BK)
+        m = live[:, None] & (k < K)[None, :] & ((b * K)[:, None] + k[None, :] < lim)
+        x = tl.load(base[:, None] + k[None, :].to(tl.int64) * s_col, mask=m, other=0.0).to(tl.float64)
+        v = tl.where(isfinite(x), x, 0.0) * scale  # |v| < 64, exact
+        out = q_ptr + r[:, None] * Kp + k[None, :]
+        sm = live[:, None] & (k < Kp)[None, :]
+        plane = rows.to(tl.int64) * Kp  # one slice: may pass 2^31 bytes for a large head
+        for i in tl.static_range(SLICES):
+            q = rint(v)  # |q| <= 64: fits int8
+            tl.store(out + i * plane, q.to(tl.int8), mask=sm)
+            v = (v - q) * 128.0  # exact: q is v's nearest integer
+    tl.store(e_ptr + r, e, mask=live)
+    tl.store(bad_ptr + r, bad, mask=live)
+
+
+class Sliced:
+    """An operand cut into int8 slices: q [slices, rows, Kp], e [rows] int64, bad [rows] int32."""
+
+    def __init__(self, q: torch.Tensor, e: torch.Tensor, bad: torch.Tensor):
+        self.q, self.e, self.bad = q, e, bad
+
+
+def split(x: torch.Tensor, rows: int, k: int, s_row: int, s_col: int, slices: int = ref.DEFAULT_SLICES, *,
+          batch_rows: int | None = None, s_batch: int = 0, lim: int | None = None) -> Sliced:
+    """Slices of `rows` rows of x (row i of batch b at x + b s_batch + (i % batch_rows) s_row, k s_col apart);
+    `lim` masks the contracted index b K + k (for token blocks of which the last is short)."""
+    kp = cdiv(max(k, 1), 16) * 16  # 16-aligned rows keep the GEMM's async copies wide; zeros add nothing
+    dev = x.device
+    q = torch.empty((slices, rows, kp), dtype=torch.int8, device=dev)
+    e = torch.empty(rows, dtype=torch.int64, device=dev)
+    bad = torch.empty(rows, dtype=torch.int32, device=dev)
+    if rows:
+        rb = batch_rows or rows
+        _split_kernel[(cdiv(rows, SPLIT_R),)](x, s_batch, rb, s_row, s_col, rows, k, lim if lim is not None
+                                              else (rows // rb) * k, kp, q, e, bad, SLICES=slices, R=SPLIT_R,
+                                              BK=SPLIT_K, num_warps=8, **BR_OPTIONS)
+    return Sliced(q, e, bad)
+
+
+@triton.jit
+def _dots(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, k0, k1, c0, c1, c2, c3,
+          SLICES: tl.constexpr, BK: tl.constexpr):
+    """Accumulate the slice products of K-steps [k0, k1) into c_t (t = i + j), int32, exact."""
+    rk = tl.arange(0, BK)
+    for k in range(k0, k1, BK):
+        kin = (k + rk < Kp)[None, :]
+        pa = a_ptr + a_rows[:, None] * Kp + (k + rk)[None, :]
+        pb = b_ptr + b_rows[:, None] * Kp + (k + rk)[None, :]
+        a0 = tl.load(pa, mask=kin, other=0)
+        b0 = tl.load(pb, mask=kin, other=0)
+        c0 = tl.dot(a0, tl.trans(b0), c0, out_dtype=tl.int32)
+        if SLICES > 1:
+            a1 = tl.load(pa + sa, mask=kin, other=0)
+            b1 = tl.load(pb + sb, mask=kin, other=0)
+            c1 = tl.dot(a0, tl.trans(b1), c1, out_dtype=tl.int32)
+            c1 = tl.dot(a1, tl.trans(b0), c1, out_dtype=tl.int32)
+        if SLICES > 2:
+            a2 = tl.load(pa + 2 * sa, mask=kin, other=0)
+            b2 = tl.load(pb + 2 * sb, mask=kin, other=0)
+            c2 = tl.dot(a0, tl.trans(b2), c2, out_dtype=tl.int32)
+            c2 = tl.dot(a1, tl.trans(b1), c2, out_dtype=tl.int32)
+            c2 = tl.dot(a2, tl.trans(b0), c2, out_dtype=tl.int32)
+        if SLICES > 3:
+            a3 = tl.load(pa + 3 * sa, mask=kin, other=0)
+            b3 = tl.load(pb + 3 * sb, mask=kin, other=0)
+            c3 = tl.dot(a0, tl.trans(b3), c3, out_dtype=tl.int32)
+            c3 = tl.dot(a1, tl.trans(b2), c3, out_dtype=tl.int32)
+            c3 = tl.dot(a2, tl.trans(b1), c3, out_dtype=tl.int32)
+            c3 = tl.dot(a3, tl.trans(b0), c3, out_dtype=tl.int32)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _shifted(c, t: tl.constexpr, SLICES: tl.constexpr):
+    """The int64 value of accumulator c_t at its place: c_t << 7 (2 (slices - 1) - t)."""
+    return c.to(tl.int64) << (7 * (2 * (SLICES - 1) - t))
+
+
+@triton.jit
+def _combine(c0, c1, c2, c3, SLICES: tl.constexpr):
+    """sum_t c_t << 7 (2 (slices - 1) - t) in int64: exact (and mod 2^64 as the reference's, if ever beyond)."""
+    acc = _shifted(c0, 0, SLICES)
+    if SLICES > 1:
+        acc += _shifted(c1, 1, SLICES)
+    if SLICES > 2:
+        acc += _shifted(c2, 2, SLICES)
+    if SLICES > 3:
+        acc += _shifted(c3, 3, SLICES)
+    return acc
+
+
+@triton.jit
+def hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
+            LONG_K: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """float32 [BM, BN] of ref.hp_matmul_ for slice rows a_rows (of A) and b_rows (of B^T).
+
+    LONG_K (Kp > KS): the int32 accumulators flush to an int64 total every KS steps; otherwise they are
+    combined once after the loop (no int64 tile held across it: fewer registers).
+    """
+    c0 = tl.zeros([BM, BN], tl.int32)
+    c1 = tl.zeros([BM, BN], tl.int32)
+    c2 = tl.zeros([BM, BN], tl.int32)
+    c3 = tl.zeros([BM, BN], tl.int32)
+    if LONG_K:
+        acc = tl.zeros([BM, BN], tl.int64)
+        for k1 in range(0, Kp, KS):
+            c0, c1, c2, c3 = _dots(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, k1, tl.minimum(k1 + KS, Kp),
+                                   c0 * 0, c1 * 0, c2 * 0, c3 * 0, SLICES, BK)
+            acc += _combine(c0, c1, c2, c3, SLICES)
+    else:
+        c0, c1, c2, c3 = _dots(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, 0, Kp, c0, c1, c2, c3, SLICES, BK)
+        acc = _combine(c0, c1, c2, c3, SLICES)
+    low = 6 + 7 * (SLICES - 1)
+    ea = tl.load(ea_ptr + a_rows, mask=a_live, other=0)
+    eb = tl.load(eb_ptr + b_rows, mask=b_live, other=0)
+    # the reference's order: (float64(acc) * 2^(ea - low)) * 2^(eb - low), each exact, then one rounding
+    out = (acc.to(tl.float64) * pow2(ea - low)[:, None]) * pow2(eb - low)[None, :]
+    bad = tl.load(bada_ptr + a_rows, mask=a_live, other=0)[:, None] | tl.load(badb_ptr + b_rows, mask=b_live,
+                                                                                 other=0)[None, :]
+    return tl.where(bad != 0, nan_f64(), out).to(tl.float32)
+
+
+@triton.jit
+def tile_rows(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(rows, cols) of output tile `pid` in grouped order (L2 reuse; no effect on bits)."""
+    grid_m = tl.cdiv(M, BM)
+    grid_n = tl.cdiv(N, BN)
+    width = GROUP_M * grid_n
+    first_m = (pid // width) * GROUP_M
+    gm = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % gm
+    pid_n = (pid % width) // gm
+    return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
+
+
+@triton.jit
+def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, M, N, Kp, sa, sb,
+               HAS_POST: tl.constexpr, LONG_K: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T)."""
+    batch = tl.program_id(1).to(tl.int64)
+    rm, rn = tile_rows(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    a_live, b_live = rm < M, rn < N
+    # rows past the edge read row 0 of the batch (never stored): no row masks in the K loop
+    a_rows = batch * M + tl.where(a_live, rm, 0)
+    b_rows = batch * N + tl.where(b_live, rn, 0)
+    y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
+                LONG_K, SLICES, BM, BN, BK)
+    if HAS_POST:
+        y = y * tl.load(post_ptr)  # a float32 factor after the rounding, as the caller's eager multiply
+    tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=a_live[:, None] & b_live[None, :])
+
+
+def config() -> dict:
+    """Tiles (free choices for the bits). Three int32 accumulators per tile: BN = 64 keeps them in registers."""
+    if INTERPRET:
+        return dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=1)
+    return dict(BM=128, BN=64, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows)."""
+    slices, _, kp = a.q.shape
+    out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
+    if out.numel() == 0:
+        return out
+    cfg = config()
+    grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
+    _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,
+                     a.q.stride(0), b.q.stride(0), HAS_POST=post is not None, LONG_K=kp > KS.value, SLICES=slices,
+                     **cfg, **BR_OPTIONS)
+    return out
+
+
+# the longest K taken here: the reference's int32 slice products are exact (64 * 64 * K < 2^31) up to it
+MAX_K = (2**31 - 1) // (64 * 64)
+
+
+def _operand_rows(x: torch.Tensor, slices: int, transpose: bool) -> Sliced:
+    """Slices of the rows of x [..., R, K] (or of x^T's rows when `transpose`, i.e. x's columns)."""
+    x3 = x.reshape(-1, *x.shape[-2:])
+    bsz, r0, r1 = x3.shape
+    sb, s0, s1 = x3.stride()
+    if transpose:
+        return split(x3, bsz * r1, r0, s1, s0, slices, batch_rows=r1, s_batch=sb)
+    return split(x3, bsz * r0, r1, s0, s1, slices, batch_rows=r0, s_batch=sb)
+
+
+def _usable(a, b, slices) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and on_triton(a, b) and a.dtype == F32
+            and b.dtype == F32 and a.dim() >= 2 and b.dim() == a.dim() and a.shape[:-2] == b.shape[:-2]
+            and a.shape[-1] == b.shape[-2] and isinstance(slices, int) and 1 <= slices <= 4
+            and a.shape[-1] <= MAX_K)
+
+
+def hp_matmul_(a: torch.Tensor, b: torch.Tensor, slices: int = ref.DEFAULT_SLICES) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N] -> float32 [..., M, N] without autograd: the bits of ref.hp_matmul_."""
+    if not _usable(a, b, slices):
+        return ref.hp_matmul_(a, b, slices)
+    m, n = a.shape[-2], b.shape[-1]
+    lead = a.shape[:-2]
+    batch = 1
+    for s in lead:
+        batch *= s
+    if batch == 0 or m == 0 or n == 0:
+        return torch.zeros((*lead, m, n), dtype=F32, device=a.device)
+    if batch > MAX_BATCH:
+        return ref.hp_matmul_(a, b, slices)
+    sa = _operand_rows(a, slices, transpose=False)
+    sb = _operand_rows(b, slices, transpose=True)
+    return hp_gemm(sa, sb, batch, m, n).reshape(*lead, m, n)
+
+
+class _HpMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, slices):
+        ctx.save_for_backward(a, b)
+        ctx.slices = slices
+        return hp_matmul_(a, b, slices)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = hp_matmul_(g, b.transpose(-1, -2), ctx.slices)
+        if ctx.needs_input_grad[1]:
+            gb = hp_matmul_(a.transpose(-1, -2), g, ctx.slices)
+        return ga, gb, None
+
+
+def hp_matmul(a: torch.Tensor, b: torch.Tensor, slices: int = ref.DEFAULT_SLICES) -> torch.Tensor:
+    """Differentiable BR matmul a [..., M, K] @ b [..., K, N] in float32: the bits of ref.hp_matmul."""
+    if not _usable(a, b, slices):
+        return ref.hp_matmul(a, b, slices)
+    expect("hp_matmul", "a", a, dtype=F32)
+    same_device("hp_matmul", a=a, b=b)
+    return _HpMatmul.apply(a, b, slices)
+
+
+def __getattr__(name: str):
+    """split_rows, SLICE_BITS, DEFAULT_SLICES are the reference's."""
+    return getattr(ref, name)

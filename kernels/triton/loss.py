@@ -1,0 +1,178 @@
+"""Triton twin of kernels/ref/loss.py: fused, chunked cross-entropy + z-loss over the LM head, same bits.
+
+Per chunk, as the reference: logits from the sliced int8 contraction (kernels/triton/contraction, the head's
+row slices cut once per call), then one program per token row: the NaN-propagating max, e = float32
+exp64(x - m) parked over the logits, the exact fixed-point sum s of e (float64), lse = float32(m + log64(s)),
+ce and z, and the gradient row g = (e * (1 / float32(s))) * (1 + z2 lse), minus 1 at the target, written
+over e. dh = hp(g, W) * (1/n) and, per block of TOKEN_BLOCK tokens, dW += float64(hp(g_blk^T, h_blk)) in
+ascending block order inside one kernel (the float64 adds are the only order-sensitive step, and their
+order is the reference's). The means use the exact sums of kernels/triton/reduce.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.ref import fixed as ref_fixed, loss as ref
+from kernels.triton import contraction as hp, reduce as t_reduce
+from kernels.triton.elementary import exp64, log64
+from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
+from kernels.triton.ieee import INF, div_rn, nan_f64
+from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_at_least
+
+F32 = torch.float32
+F64 = torch.float64
+ROW_BLOCK = 2048
+
+
+def _dw_config() -> dict:
+    """dW tiles: a float64 running sum rides along the three int32 accumulators, so BN = 32 (no spills)."""
+    return hp.config() if INTERPRET else dict(BM=128, BN=32, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+@triton.jit(do_not_specialize=["V", "top", "ignore_index"])
+def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2,
+                NEED_G: tl.constexpr, BLOCK: tl.constexpr):
+    """Token row: logits in buf -> ce, z; with NEED_G, buf ends holding the row's unscaled gradient g."""
+    row = tl.program_id(0).to(tl.int64)
+    base = buf_ptr + row * V
+    tgt = tl.load(targets_ptr + row)
+    valid = tgt != ignore_index
+    idx = tl.where(valid, tgt, 0)
+    logit_t = tl.load(base + idx)  # read before e overwrites the logits
+    mx = tl.full([BLOCK], -INF, tl.float32)
+    nan = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        x = tl.load(base + i, mask=i < V, other=-INF)
+        mx = tl.maximum(mx, x)
+        nan = nan | (x != x).to(tl.int32)
+    m = tl.where(tl.max(nan, 0) != 0, nan_f64().to(tl.float32), tl.max(mx, 0))  # torch.amax propagates NaN
+    m64 = m.to(tl.float64)
+    tl.debug_barrier()  # every thread has read its logits (and logit_t) before e overwrites them in place
+    amax = tl.zeros([BLOCK], tl.float64)
+    fl = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        x = tl.load(base + i, mask=i < V, other=0.0)
+        e = exp64(x.to(tl.float64) - m64).to(tl.float32)  # x - m exact in float64; one rounding of exp
+        tl.store(base + i, e, mask=i < V)
+        e64 = tl.where(i < V, e, 0.0).to(tl.float64)
+        amax = tl.maximum(amax, finite_abs(e64))
+        fl = fl | flags_of(e64)
+    tl.debug_barrier()  # the row's e is visible to every thread of this program
+    sh = scale_shift(tl.max(amax, 0), top)
+    acc = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        acc += to_fixed(tl.load(base + i, mask=i < V, other=0.0).to(tl.float64), sh)
+    f = or_reduce(fl, 0)
+    s = tl.where(f != 0, nonfinite_sum(f), from_fixed(tl.sum(acc, 0), sh))  # ref exact_sum(..., out_dtype=F64)
+    lse = (m64 + log64(s)).to(tl.float32)
+    tl.store(ce_ptr + row, tl.where(valid, lse - logit_t, 0.0))
+    tl.store(z_ptr + row, tl.where(valid, lse * lse, 0.0))
+    if NEED_G:
+        r = div_rn(tl.full([BLOCK], 1.0, tl.float32), tl.broadcast_to(s.to(tl.float32), [BLOCK]))  # reciprocal_
+        coef = 1.0 + z2 * lse  # separate * and +: no FMA
+        tl.debug_barrier()
+        for start in range(0, V, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            g = (tl.load(base + i, mask=i < V, other=0.0) * r) * coef  # p = e * (1/s) is softmax_'s bits
+            g = tl.where(i == idx, g - 1.0, g)
+            tl.store(base + i, tl.where(valid, g, 0.0), mask=i < V)
+
+
+@triton.jit
+def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, V, D, NB, Kp, sa, sb,
+               SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """dw64 [V, D] += float64(hp(g_blk^T, h_blk)) for the chunk's token blocks, in ascending order."""
+    rm, rn = hp.tile_rows(tl.program_id(0), V, D, BM, BN, GROUP_M)
+    a_live, b_live = rm < V, rn < D
+    am, bn = tl.where(a_live, rm, 0).to(tl.int64), tl.where(b_live, rn, 0).to(tl.int64)
+    out = dw_ptr + rm[:, None].to(tl.int64) * D + rn[None, :]
+    om = a_live[:, None] & b_live[None, :]
+    acc = tl.load(out, mask=om, other=0.0)
+    for blk in range(0, NB):
+        y = hp.hp_tile(ga_ptr, hb_ptr, blk * V + am, blk * D + bn, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr,
+                       a_live, b_live, False, SLICES, BM, BN, BK)  # K = one token block
+        acc = acc + y.to(tl.float64)  # the block's float32 product, added in float64: the reference's order
+    tl.store(out, acc, mask=om)
+
+
+def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n32, c0, c1, need_h, need_w):
+    """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and the chunk's dW blocks into dw64."""
+    n_c = c1 - c0
+    v, d = w_rows.q.shape[1], h.shape[1]
+    hc = h[c0:c1]
+    hs = hp.split(hc, n_c, d, hc.stride(0), hc.stride(1))
+    buf = hp.hp_gemm(hs, w_rows, 1, n_c, v)[0]  # logits [n_c, V]
+    need_g = need_h or need_w
+    top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(v)
+    _row_kernel[(n_c,)](buf, targets[c0:c1], ce[c0:c1], z[c0:c1], v, top, ignore_index, z2, NEED_G=need_g,
+                        BLOCK=min(pow2_at_least(v), ROW_BLOCK), num_warps=8, **BR_OPTIONS)
+    if need_h:
+        gs = hp.split(buf, n_c, v, v, 1)
+        dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32)[0]
+    if need_w:
+        tb = ref.TOKEN_BLOCK
+        nb = cdiv(n_c, tb)
+        # g^T and h per token block: row v (or d) of block b holds tokens b*TB.. of the chunk
+        ga = hp.split(buf, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n_c)
+        hb = hp.split(hc, nb * d, tb, hc.stride(1), hc.stride(0), batch_rows=d, s_batch=tb * hc.stride(0), lim=n_c)
+        cfg = _dw_config()
+        grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
+        _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64, v, d, nb, ga.q.shape[2], ga.q.stride(0),
+                         hb.q.stride(0), SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)
+
+
+class _CrossEntropyZLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, w, targets, z_weight, chunk, ignore_index):
+        n, d = h.shape
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dev = h.device
+        valid_all = targets != ignore_index
+        count = int(torch.count_nonzero(valid_all))
+        inv_n = 1.0 / count if count else 0.0  # br-ok: host double division, IEEE on every host
+        inv_n32 = torch.tensor(inv_n, dtype=F32, device=dev)
+        z2 = float(torch.tensor(2.0 * z_weight, dtype=F32))  # the reference's float32 2 z_weight, passed exactly
+        ce = torch.zeros(n, dtype=F32, device=dev)
+        z = torch.zeros(n, dtype=F32, device=dev)
+        dh = torch.zeros_like(h) if need_h else None
+        dw64 = torch.zeros(w.shape, dtype=F64, device=dev) if need_w else None
+        if count:
+            hc = h.contiguous()
+            w_rows = hp.split(w, w.shape[0], d, w.stride(0), w.stride(1))  # logits: W's rows over D
+            w_cols = hp.split(w, d, w.shape[0], w.stride(1), w.stride(0)) if need_h else None  # dh: over V
+            for c0 in range(0, n, chunk):
+                _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n32, c0,
+                       min(c0 + chunk, n), need_h, need_w)
+        ce_mean = t_reduce.exact_sum(ce, 0, scale=inv_n)
+        z_mean = t_reduce.exact_sum(z, 0, scale=inv_n)
+        loss = ce_mean + torch.tensor(z_weight, dtype=F32, device=dev) * z_mean
+        dw = (dw64 * inv_n).to(F32) if need_w else None  # 1/n in float64 before the one rounding of dW
+        ctx.save_for_backward(dh, dw)
+        ctx.mark_non_differentiable(ce_mean, z_mean)
+        return loss, ce_mean, z_mean
+
+    @staticmethod
+    def backward(ctx, g_loss, g_ce, g_z):
+        dh, dw = ctx.saved_tensors
+        return (None if dh is None else dh * g_loss, None if dw is None else dw * g_loss,
+                None, None, None, None)
+
+
+def cross_entropy_zloss(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, *,
+                        z_weight: float = 1e-4, chunk: int = 1024, ignore_index: int = -100
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, ce_mean, z_mean) for h [N, D], w_head [V, D], targets [N]: the bits of ref.cross_entropy_zloss."""
+    ref._check(h, w_head, targets, z_weight, chunk, ignore_index)
+    if not on_triton(h, w_head, targets) or h.shape[1] > hp.MAX_K or w_head.shape[0] > hp.MAX_K:
+        return ref.cross_entropy_zloss(h, w_head, targets, z_weight=z_weight, chunk=chunk,
+                                       ignore_index=ignore_index)
+    return _CrossEntropyZLoss.apply(h, w_head, targets.contiguous(), float(z_weight), chunk, ignore_index)
+
+
+def __getattr__(name: str):
+    return getattr(ref, name)

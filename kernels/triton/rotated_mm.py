@@ -1,0 +1,141 @@
+"""Triton twin of kernels/ref/rotated_mm.py: int8 GEMM with a block Walsh-Hadamard rotation along C.
+
+One kernel per operand rotates and quantizes in two passes over its rows (the row's int8 step needs the
+largest rotated magnitude first): each pass zeroes non-finite values, runs the reference's butterflies
+(kernels/triton/hadamard.butterfly) and takes |max|; the second pass divides by the step (div_rn, as the
+reference's tensor division), rounds half to even and clamps. Both codes land K-contiguous and zero-padded
+to a multiple of 16 (zeros add nothing), and the shared int8 GEMM (kernels/triton/intmm.gemm) dequantizes
+in the reference's order ((float32(acc) * step_a[r]) * step_b[s]) * (1/b).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.ref import hadamard as ref_had, rotated_mm as ref
+from kernels.triton.hadamard import MAX_L, TILE, butterfly
+from kernels.triton.ieee import div_rn, isfinite, rint
+from kernels.triton.intmm import gemm
+from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
+
+F32 = torch.float32
+QMAX = tl.constexpr(127.0)
+PLAIN_L = 128  # tile width along C when nothing is rotated
+
+
+@triton.jit
+def code8(v):
+    """ref.to_int8 of float32 v, as float32: round half to even, clamp to [-127, 127], NaN -> 0."""
+    r = rint(v.to(tl.float64))  # exact widening; the rounded value is an integer, exact in float32
+    r = tl.minimum(tl.maximum(r, -QMAX), QMAX)
+    return tl.where(v != v, 0.0, r).to(tl.float32)  # NaN tested on v: Triton's max/min may drop a NaN
+
+
+@triton.jit
+def _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride,
+                   PRE: tl.constexpr, ROTATE: tl.constexpr, L: tl.constexpr, LOG_L: tl.constexpr, R: tl.constexpr):
+    """One [R, L] block of the operand along C: (values, finite-zeroed and rotated; non-finite flags per row)."""
+    c = c0 + tl.arange(0, L)
+    m = live[:, None] & (c < C)[None, :]
+    v = tl.load(src_ptr + r[:, None] * s_row + c[None, :].to(tl.int64) * s_col, mask=m, other=0.0).to(tl.float32)
+    if PRE:
+        # the reference's dequantized operand q * s (w_hat per C index, x_hat with one step): rebuilt, not read
+        sc = tl.load(pre_ptr + c * pre_stride, mask=c < C, other=1.0)[None, :]
+        sc = tl.broadcast_to(sc, v.shape)
+        v = code8(div_rn(v, sc)) * sc
+    bad = tl.max(tl.where(isfinite(v), 0, 1), axis=1)
+    v = tl.where(isfinite(v), v, 0.0)  # finite_or_zero: +0.0, as torch.zeros_like
+    if ROTATE:
+        v = butterfly(v, R, L, LOG_L)
+    return v, bad
+
+
+@triton.jit(do_not_specialize=["rows", "C"])
+def _rotate_quantize_kernel(src_ptr, s_row, s_col, rows, C, Kp, pre_ptr, pre_stride, q_ptr, step_ptr, bad_ptr,
+                            PRE: tl.constexpr, ROTATE: tl.constexpr, L: tl.constexpr, LOG_L: tl.constexpr,
+                            R: tl.constexpr):
+    """Rows of an operand (elements along C at src + r s_row + c s_col) -> int8 codes [rows, Kp], step, bad."""
+    r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    live = r < rows
+    amax = tl.zeros([R], tl.float32)
+    bad = tl.zeros([R], tl.int32)
+    for c0 in range(0, Kp, L):
+        v, b = _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride, PRE, ROTATE, L, LOG_L, R)
+        amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))
+        bad = bad | b
+    step = div_rn(amax, tl.full([R], 127.0, tl.float32))  # amax / 127: a tensor division, correctly rounded
+    step = tl.where(step > 0, step, 1.0)
+    for c0 in range(0, Kp, L):
+        v, b = _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride, PRE, ROTATE, L, LOG_L, R)
+        q = code8(div_rn(v, tl.broadcast_to(step[:, None], v.shape)))
+        c = c0 + tl.arange(0, L)
+        tl.store(q_ptr + r[:, None] * Kp + c[None, :], q.to(tl.int8), mask=live[:, None] & (c < Kp)[None, :])
+    tl.store(step_ptr + r, step, mask=live)
+    tl.store(bad_ptr + r, bad, mask=live)
+
+
+def padded16(n: int) -> int:
+    return cdiv(n, 16) * 16
+
+
+def rotate_quantize(src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int, *, block: int | None,
+                    pre: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes [rows, Kp] int8, step [rows] float32, bad [rows] int32) of an operand's rows along C.
+
+    block: the Hadamard block (None: no rotation). pre: a step per C index ([C]) or one step (0-dim):
+    the operand is then the dequantized code of src / pre, rebuilt in the kernel.
+    """
+    cp = ref_had.padded_length(c, block) if block else c
+    kp = padded16(cp)
+    dev = src.device
+    q = torch.empty((rows, kp), dtype=torch.int8, device=dev)
+    step = torch.empty(rows, dtype=F32, device=dev)
+    bad = torch.empty(rows, dtype=torch.int32, device=dev)
+    if rows == 0:
+        return q, step, bad
+    length = block if block else PLAIN_L
+    r = max(1, TILE // length)
+    _rotate_quantize_kernel[(cdiv(rows, r),)](
+        src, s_row, s_col, rows, c, kp, pre if pre is not None else step,
+        (0 if pre.dim() == 0 else pre.stride(0)) if pre is not None else 0, q, step, bad,
+        PRE=pre is not None, ROTATE=block is not None, L=length, LOG_L=length.bit_length() - 1, R=r,
+        num_warps=8, **BR_OPTIONS)
+    return q, step, bad
+
+
+def rotated_product(a: torch.Tensor, a_strides: tuple[int, int], b: torch.Tensor, b_strides: tuple[int, int],
+                    rows: int, cols: int, c: int, *, rotate: bool, block: int, b_pre: torch.Tensor | None = None,
+                    mask_src=None, mask_scale=None) -> torch.Tensor:
+    """float32 [rows, cols]: the rotated int8 product of operand a (rows along C) and operand b (cols along C),
+    each given as (tensor, (stride per row/col, stride along C)); optional straight-through mask epilogue."""
+    hb = ref_had.block_size(c, block) if rotate else None
+    qa, sa, bada = rotate_quantize(a, rows, c, a_strides[0], a_strides[1], block=hb)
+    qb, sb, badb = rotate_quantize(b, cols, c, b_strides[0], b_strides[1], block=hb, pre=b_pre)
+    return gemm(qa, qb, out_dtype=F32, row_scale=sa, col_scale=sb, inv=1.0 / hb if rotate else None,
+                bad_rows=bada, bad_cols=badb, mask_src=mask_src, mask_scale=mask_scale)
+
+
+def supported(c: int, rotate: bool, block: int) -> bool:
+    """The kernels hold a Hadamard block in registers: blocks up to MAX_L (else the reference runs)."""
+    return not rotate or ref_had.block_size(c, block) <= MAX_L
+
+
+def rotated_int8_mm(a: torch.Tensor, b: torch.Tensor, *, rotate: bool = True,
+                    block: int = ref_had.DEFAULT_BLOCK) -> torch.Tensor:
+    """a [R, C] float32 times b [C, S] float32 -> float32 [R, S]: the bits of ref.rotated_int8_mm."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
+            and a.shape[1] == b.shape[0] and a.dtype == F32 and b.dtype == F32 and on_triton(a, b)
+            and isinstance(block, int) and ref_had.is_pow2(block) and supported(a.shape[1], rotate, block)):
+        return ref.rotated_int8_mm(a, b, rotate=rotate, block=block)
+    c = a.shape[1]
+    cp = ref_had.padded_length(c, block) if rotate else c
+    if cp > ref.MAX_CONTRACTION:
+        raise ValueError(f"rotated_int8_mm: contraction length {cp} exceeds {ref.MAX_CONTRACTION} (int32 overflow)")
+    return rotated_product(a, (a.stride(0), a.stride(1)), b, (b.stride(1), b.stride(0)), a.shape[0], b.shape[1], c,
+                           rotate=rotate, block=block)
+
+
+def __getattr__(name: str):
+    """symmetric_step, to_int8, quantize_symmetric, QMAX, MAX_CONTRACTION are the reference's."""
+    return getattr(ref, name)
