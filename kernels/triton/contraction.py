@@ -200,11 +200,17 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
     tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=a_live[:, None] & b_live[None, :])
 
 
-def config() -> dict:
-    """Tiles (free choices for the bits). Three int32 accumulators per tile: BN = 64 keeps them in registers."""
+SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the epilogue's scratch
+
+
+def config(slices: int = 3) -> dict:
+    """Tiles (free choices for the bits). Three int32 accumulators per tile: BN = 64 keeps them in registers.
+    Pipeline stages as many as the int8 A and B slice tiles fit in shared memory (4 slices: 2 stages)."""
     if INTERPRET:
         return dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=1)
-    return dict(BM=128, BN=64, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
+    bm, bn, bk = 128, 64, 128
+    stages = max(1, min(3, SMEM_BYTES // (slices * (bm + bn) * bk)))
+    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=8, num_stages=stages)
 
 
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None) -> torch.Tensor:
@@ -213,7 +219,7 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
         return out
-    cfg = config()
+    cfg = config(slices)
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,
                      a.q.stride(0), b.q.stride(0), HAS_POST=post is not None, LONG_K=kp > KS.value, SLICES=slices,
