@@ -46,6 +46,7 @@ class TorchGroup:
 
         self._dist = dist
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._meshes: dict[int, tuple] = {}
 
     def all_reduce_sum_(self, t: torch.Tensor) -> None:
         self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM)  # int64 (or inf/NaN flags): order-free
@@ -54,6 +55,22 @@ class TorchGroup:
         out = [None] * self.world
         self._dist.all_gather_object(out, obj)
         return out
+
+    def mesh(self, dp_shard: int) -> tuple:
+        """(my replica's group, the group of the ranks owning my shard) as CollectiveGroups (app/sharding.py).
+
+        new_group must be called for every subgroup, in one order, on every rank: done once per dp_shard."""
+        from collectives import CollectiveGroup
+
+        if dp_shard not in self._meshes:
+            reps = self.world // dp_shard
+            replica = [self._dist.new_group([r * dp_shard + s for s in range(dp_shard)]) for r in range(reps)]
+            shard = [self._dist.new_group([r * dp_shard + s for r in range(reps)]) for s in range(dp_shard)]
+            mine = (CollectiveGroup(replica[self.rank // dp_shard]), CollectiveGroup(shard[self.rank % dp_shard]))
+            for g in mine:
+                g.warm_up()
+            self._meshes[dp_shard] = mine
+        return self._meshes[dp_shard]
 
 
 class SoloGroup:
@@ -75,7 +92,8 @@ class RayTrainer(Trainer):
         import ray.train
 
         path = super().checkpoint()
-        metrics = {"step": self.state.step, "world": self.group.world, "chain_hash": self.prev.hex()}
+        metrics = {"step": self.state.step, "world": self.group.world,
+                   "chain_hash": self.prev.hex() if self.writer else None}  # only rank 0 hashes the state
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)) if path else None)
         return path
 
@@ -107,8 +125,11 @@ def worker_loop(config: dict) -> None:
     if (group.rank, group.world) != (rank, world):
         raise RuntimeError(f"torch.distributed rank/world {group.rank}/{group.world} != Ray Train's {rank}/{world}")
     cfg = from_dict(config["cfg"])
-    opts = TrainOptions(config["steps"], config["checkpoint_every"], config["eval_every"], Topology(world, 1),
-                        "cpu", progress=False)
+    shard = config.get("dp_shard", 1)
+    if world % shard:
+        raise ConfigError(f"--dp-shard {shard}: the worker group has {world} workers, not a multiple of it")
+    opts = TrainOptions(config["steps"], config["checkpoint_every"], config["eval_every"],
+                        Topology(world // shard, shard), "cpu", progress=False)
     t = RayTrainer(cfg, config["out"], opts, resume=True, group=group, writer=rank == 0)
     t.metrics.append({"event": "workers", "world": world, "from_step": t.state.step,
                       "checkpoint": str(t.resumed_from), "time": time.time()})
@@ -128,8 +149,9 @@ def worker_loop(config: dict) -> None:
 
 def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tuple[int, int], resume: bool = False,
               address: str | None = None, max_failures: int = 3, threads: int = 0, resize_interval_s: float = 60.0,
-              step_delay_s: float = 0.0, resources_per_worker: dict | None = None) -> dict:
-    """Train (or resume) the run at `out` on Ray Train workers; returns the run's summary ("end" event)."""
+              step_delay_s: float = 0.0, resources_per_worker: dict | None = None, dp_shard: int = 1) -> dict:
+    """Train (or resume) the run at `out` on Ray Train workers (HSDP with `dp_shard` > 1: each replica of
+    dp_shard workers shards the optimizer state); returns the run's summary ("end" event)."""
     import ray
     from ray.train import FailureConfig, RunConfig as RayRunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -139,6 +161,10 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
         raise ConfigError("--topology: with --workers the topology is the real world size (Rx1)")
     if cfg.train.reduction != "exact" and workers[1] > 1:
         raise ConfigError(f"train.reduction={cfg.train.reduction!r}: only 'exact' runs on real workers")
+    if isinstance(dp_shard, bool) or not isinstance(dp_shard, int) or dp_shard < 1:
+        raise ConfigError(f"--dp-shard: expected an int >= 1, got {dp_shard!r}")
+    if workers[0] % dp_shard or workers[1] % dp_shard:
+        raise ConfigError(f"--dp-shard {dp_shard}: --workers {workers[0]}:{workers[1]} must be multiples of it")
     if not resume:  # the run directory, the init record and a checkpoint of step 0, as the one-process trainer
         t = Trainer(cfg, out, opts)
         t.metrics.append({"event": "ray", "workers": f"{workers[0]}:{workers[1]}", "time": time.time()})
@@ -152,7 +178,8 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
                             resources_per_worker=resources_per_worker or {"CPU": 1},
                             **({} if lo == hi else {"elastic_resize_monitor_interval_s": resize_interval_s}))
     loop_cfg = {"cfg": cfg.to_dict(), "out": str(out), "steps": opts.steps, "checkpoint_every": opts.checkpoint_every,
-                "eval_every": opts.eval_every, "threads": threads, "cwd": os.getcwd(), "step_delay_s": step_delay_s}
+                "eval_every": opts.eval_every, "threads": threads, "cwd": os.getcwd(), "step_delay_s": step_delay_s,
+                "dp_shard": dp_shard}
     trainer = TorchTrainer(worker_loop, train_loop_config=loop_cfg, scaling_config=scaling,
                            run_config=RayRunConfig(name=out.name, storage_path=str(out / "ray"),
                                                    failure_config=FailureConfig(max_failures=max_failures)))
@@ -167,8 +194,8 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
 
 def main(config: str, steps: int, out: str, workers: str, resume: bool = False, checkpoint_every: int = 100,
          eval_every: int = 50, micro_batch: int | None = None, corpus: str | None = None, threads: int = 0,
-         address: str | None = None, max_failures: int = 3) -> int:
-    """`python -m app train --workers MIN:MAX ...`: train on Ray Train, print the one-line summary."""
+         address: str | None = None, max_failures: int = 3, dp_shard: int = 1) -> int:
+    """`python -m app train --workers MIN:MAX [--dp-shard S] ...`: train on Ray Train, print the one-line summary."""
     from rich.console import Console
 
     from app.presets import preset
@@ -179,8 +206,8 @@ def main(config: str, steps: int, out: str, workers: str, resume: bool = False, 
     if corpus is not None:
         cfg = cfg.replace(**{"train.corpus": corpus})
     opts = TrainOptions(steps, checkpoint_every, eval_every, Topology(), "cpu", progress=False)
-    s = train_ray(cfg, out, opts, parse_workers(workers), resume, address, max_failures, threads)
+    s = train_ray(cfg, out, opts, parse_workers(workers), resume, address, max_failures, threads, dp_shard=dp_shard)
     Console(soft_wrap=True).print(
-        f"run {s['run']}: {s['steps']} steps on Ray workers {workers}, {s['tokens']:,} tokens, loss "
-        f"{s['first_loss']:.3f} -> {s['last_loss']:.3f}, run hash {s['run_hash']}")
+        f"run {s['run']}: {s['steps']} steps on Ray workers {workers} (dp_shard {dp_shard}), {s['tokens']:,} tokens, "
+        f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, run hash {s['run_hash']}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from app.config import RunConfig
 from app.presets import TINY
@@ -23,3 +24,13 @@ def demo_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny(demo_corpus: Path) -> RunConfig:
     """The tiny preset reading the session's corpus."""
     return TINY.replace(**{"train.corpus": str(demo_corpus)})
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch CPU thread for a module (bits do not depend on it): on a busy 2-core machine two threads that
+    wait for each other make the tiny model's init and steps several times slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

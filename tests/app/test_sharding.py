@@ -176,15 +176,6 @@ def test_sharded_norm_has_global_l2_norms_bits(case):
 STEPS = 2  # the second step starts from the slices the first one left
 
 
-@pytest.fixture
-def one_thread():
-    """One intra-op thread per rank thread (bits do not depend on it; oversubscribing 2 cores does not pay)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def four(tiny):
     """Single-window microbatches, 4 windows per step: 1x2 and 2x2 both divide every step."""
@@ -200,9 +191,9 @@ def _result(r) -> dict:
     return {k: v for k, v in r.__dict__.items() if k != "digest_seconds"}
 
 
-@pytest.mark.parametrize("shape", [(1, 2), (2, 2)])
-def test_threaded_hsdp_steps_equal_the_one_process_steps(four, shape, one_thread):
-    topo = Topology(*shape)
+def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
+    """Four rank threads, two replicas of two shards (tests/app/test_ray_hsdp.py runs 1x2 and 2x2 on Ray)."""
+    topo = Topology(2, 2)
     ctx = StepContext.build(four)
     tokens = _tokens(four, ctx)
     one = TrainState.fresh(init_params(four.model, four.train.seed))
