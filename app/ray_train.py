@@ -9,18 +9,27 @@ trainer does (config.json, run.json, the init record) plus a checkpoint of step 
 - loads the latest verified checkpoint of the run directory (app/checkpoint.py) and restores the stream
   state; rank 0 also checks the hash log against it, keeps later records aside and re-checks them as the
   steps recur (Trainer's resume);
-- runs each step on topology "Rx1": it computes only the microbatches of the windows it owns
-  (m mod R == r, stream.windows_for), and the exact int64 gradient accumulators are all-reduced (SUM) before
-  the clip and AdamW (app/step.py). With `exact` reduction and micro_batch = 1 a step's bits do not depend
-  on R at all, so the run's chain of state hashes is the one-process run's; only the `topology` field of each
-  record says how many workers ran the step.
+- runs each step on topology "RxS" with S = --dp-shard (default 1) and R = world / S (a world that is not a
+  multiple of S is refused with a ConfigError): it computes only the microbatches of the windows it owns
+  (m mod world == rank, stream.windows_for) into exact int64 gradient accumulators (app/step.py). With S = 1
+  they are all-reduced (SUM) and every rank clips and runs AdamW on the full tensors. With S > 1 (HSDP,
+  app/sharding.py) they are reduce-scattered within each replica of S ranks to the owners of contiguous
+  slices of the flat parameter vector and summed across replicas; each owner clips with the global norm and
+  updates its slice of parameters and moments, and the parameters are all-gathered within the replica; rank
+  0 gathers the full moments and gradients every step (it hashes and checkpoints them), the other ranks keep
+  only their slices. The replica and shard subgroups are torch.distributed.new_group's, made once per worker
+  group (`TorchGroup.mesh`). With `exact` reduction and micro_batch = 1 a step's bits depend on neither R nor
+  S: the run's chain of state hashes is the one-process run's, and the hash log is byte for byte the
+  one-process run's on the virtual topology RxS; the `topology` field of each record says how the step ran.
 - rank 0 writes the hash log, metrics and checkpoints, and reports each checkpoint with
-  `ray.train.report(metrics, checkpoint=Checkpoint.from_directory(...))`; the other ranks report metrics only.
+  `ray.train.report(metrics, checkpoint=Checkpoint.from_directory(...))`; the other ranks report metrics only
+  and do not hash the state.
 
 The run directory must be one the workers all see (a shared filesystem on a multi-node cluster; one local
 disk for `ray start --head` on one machine). Every step's window count must be a multiple of each world size
 the scaling range allows times micro_batch (e.g. 12 windows per step for 1..4 workers); a step refuses
-otherwise. Not implemented on real workers: dp_shard > 1 (sharded optimizer state) and `ordered` reduction.
+otherwise. With --dp-shard S, MIN and MAX of --workers must be multiples of S, and an elastic group of
+another size fails (counted against --max-failures). Not implemented on real workers: `ordered` reduction.
 """
 from __future__ import annotations
 
