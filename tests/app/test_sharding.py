@@ -215,6 +215,7 @@ def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
         return got, st
 
     out = run_threads(topo.world, rank, every)
+    assert set(want[0][0]["digests"]) == {"forward", "backward", "reduced", "clipped", "optimizer"}
     assert out[0][0] == want  # rank 0: every result field (stage digests included) and the state hash
     for r, (got, st) in enumerate(out[1:], 1):
         assert [g["digests"] for g, _ in got] == [{}] * STEPS  # the others hold slices only: no digests
