@@ -11,6 +11,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if not args.workers and args.dp_shard != 1:
+        print("error: --dp-shard: only with --workers (without it, give --topology RxS)", file=sys.stderr)
+        return 2
     if args.workers:
         if args.topology != "1x1" or args.device != "cpu":
             print("error: --workers: the topology is the real world size and workers run on CPU (gloo); "
@@ -19,7 +22,7 @@ def _train(args: argparse.Namespace) -> int:
         from app.ray_train import main as ray_train
         return ray_train(args.config, args.steps, args.out, args.workers, args.resume, args.checkpoint_every,
                          args.eval_every, args.micro_batch, args.corpus, args.threads, args.address,
-                         args.max_failures)
+                         args.max_failures, args.dp_shard)
     from app.train import main as train
     return train(args.config, args.steps, args.out, args.resume, args.checkpoint_every, args.eval_every,
                  args.topology, args.micro_batch, args.corpus, args.device, not args.no_progress, args.threads)
@@ -49,6 +52,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--address", default=None, help="with --workers: Ray cluster address (default: RAY_ADDRESS, "
                    "else a running local cluster, else a new one)")
     t.add_argument("--max-failures", type=int, default=3, help="with --workers: worker-group restarts allowed")
+    t.add_argument("--dp-shard", type=int, default=1, help="with --workers: HSDP, workers per replica that shard "
+                   "the optimizer state (topology (workers / S) x S; default 1: plain data parallelism)")
     t.set_defaults(func=_train)
     r = sub.add_parser("report", help="plots and gradient-norm statistics of a run")
     r.add_argument("--run", required=True, help="run directory")

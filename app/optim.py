@@ -64,6 +64,11 @@ def adamw_update(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]
                  cfg: TrainConfig) -> None:
     """One AdamW step (1-based `step`) on every parameter, in place, in sorted name order."""
     for k in sorted(params):
-        wd = cfg.weight_decay if specs[k].decayed else 0.0
-        adamw_step(params[k], grads[k], m[k], v[k], step=step, lr=lr, beta1=cfg.beta1, beta2=cfg.beta2,
-                   eps=cfg.eps, weight_decay=wd)
+        adamw_tensor(params[k], grads[k], m[k], v[k], specs[k], step, lr, cfg)
+
+
+def adamw_tensor(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, spec: ParamSpec,
+                 step: int, lr: float, cfg: TrainConfig) -> None:
+    """AdamW on one tensor, or on a slice of one (elementwise: the same bits), with its weight decay; in place."""
+    wd = cfg.weight_decay if spec.decayed else 0.0
+    adamw_step(param, grad, m, v, step=step, lr=lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, weight_decay=wd)

@@ -126,6 +126,13 @@ class ExactSum:
             self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
         return self.limbs, self.bad
 
+    @classmethod
+    def of_shared(cls, limbs: torch.Tensor, bad: torch.Tensor) -> "ExactSum":
+        """An accumulator holding summed (limbs, bad) buffers, e.g. a slice of `shared()`'s (result is elementwise)."""
+        s = cls(tuple(bad.shape), bad.device)
+        s.limbs, s.bad = limbs, bad
+        return s
+
     def result(self, scale: float = 1.0) -> torch.Tensor:
         """The sum times the host double `scale` (e.g. 1/n), rounded once to float32."""
         if self.pending is not None:

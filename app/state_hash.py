@@ -32,7 +32,7 @@ ZERO = bytes(32)
 # the files whose text defines the bits of a run (kernels, stream, and the app's bit path)
 CODE_GLOBS = ("kernels/ref/*.py", "kernels/digest.py", "stream/*.py", "collectives/treefold.py", "app/config.py", "app/digests.py", "app/params.py",
               "app/model.py", "app/moe.py", "app/init.py", "app/reduction.py", "app/optim.py", "app/step.py",
-              "app/state_hash.py")
+              "app/sharding.py", "app/state_hash.py")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -79,6 +79,9 @@ def _pieces(entries: dict[str, object]) -> list:
 
 def state_entries(state: TrainState, config_json: str, code: str, stream_state: dict) -> dict[str, object]:
     """name -> tensor or bytes: the complete state the hash covers."""
+    if state.shard is not None:
+        raise ValueError(f"state hash of step {state.step}: this rank holds only slice [{state.shard.lo}, "
+                         f"{state.shard.hi}) of m, v and grads (HSDP); rank 0 holds and hashes the full state")
     out: dict[str, object] = {}
     for prefix, d in (("param", state.params), ("m", state.m), ("v", state.v), ("grad", state.grads)):
         for k, t in d.items():

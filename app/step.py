@@ -13,12 +13,18 @@ microbatches' float32 (loss, ce, z) rows sorted by their windows; `backward`, bl
 reduced and post-clip gradients; `optimizer`, digest_many of the updated parameters and both moments.
 Keyed by windows, not mesh position, they name the same work under any topology.
 
-Real data parallelism (app/ray_train.py): `run_step(..., group=g)` with a real group of g.world ranks and
-topology g.world x 1: this process computes only the microbatches of rank g.rank, then the exact int64
-accumulators are summed across ranks (all-reduce SUM on integers: order-free, so every rank holds the bits
-the one-process virtual topology computes), and the per-microbatch loss rows, partial digests and expert
-loads are gathered so every rank logs the same digests. Exact reduction only: `ordered` with more than one
-real rank would need collectives' recursive doubling wired in (not done) and is refused.
+Real data parallelism (app/ray_train.py): `run_step(..., group=g)` with a real group of g.world ranks and a
+topology R x S with R * S == g.world; this process (rank r = replica * S + shard) computes only the
+microbatches of rank r into exact int64 accumulators. With S = 1 they are summed across ranks (all-reduce SUM
+on integers: order-free, so every rank holds the bits the one-process virtual topology computes) and every
+rank clips and runs AdamW on the full tensors. With S > 1 (HSDP, app/sharding.py) they are reduce-scattered
+to the shard owners of each replica and summed across replicas; each owner clips its slice with the global
+norm (global_l2_norm's bits) and updates its slice of parameters and moments; the parameters are all-gathered
+in the replica. Rank 0 then holds the full state (m, v and grads gathered to it); every other rank holds full
+parameters and only its slice of m, v and grads (`state.shard`), and returns no stage digests. Either way the
+per-microbatch loss rows, partial digests and expert loads are gathered to every rank, so rank 0 logs the
+digests of the one-process run on the same virtual topology. Exact reduction only: `ordered` with more than
+one real rank would need collectives' recursive doubling wired in (not done) and is refused.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from app.model import forward, rope_for
 from app.optim import SpikeState, adamw_update, clip, spike_decision
 from app.params import ParamSpec, spec_map
 from app.reduction import Coord, exact_result, exact_sums, mesh_order, reduce_gradients
+from app.sharding import Shard, ShardedStep
 from kernels.ref.reduce import exact_mean
 
 F32 = torch.float32
@@ -53,6 +60,7 @@ class TrainState:
     spike: SpikeState = field(default_factory=SpikeState)
     step: int = 0  # the next step to run
     tokens: int = 0  # training tokens consumed
+    shard: Shard | None = None  # HSDP, ranks other than 0: only this slice of m, v, grads (app/sharding.py)
 
     @classmethod
     def fresh(cls, params: dict[str, torch.Tensor]) -> "TrainState":
@@ -148,8 +156,9 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
              group=None) -> StepResult:
     """Run step `state.step` on its windows `tokens` [windows, seq_len + 1] (int64, in window order); in place.
 
-    `group` (optional): a real data-parallel group with .rank, .world, .all_reduce_sum_(tensor) and
-    .all_gather(obj) -> list; this process then runs only its rank's microbatches (module doc)."""
+    `group` (optional): a real data-parallel group with .rank, .world, .all_reduce_sum_(tensor),
+    .all_gather(obj) -> list and, for dp_shard > 1, .mesh(dp_shard) -> (replica group, shard group) of
+    collectives.CollectiveGroup; this process then runs only its rank's microbatches (module doc)."""
     t = ctx.cfg.train
     step = state.step
     lo, hi = ctx.batch.window_range(step)
@@ -159,14 +168,21 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         raise ConfigError(f"step {step} would train on windows [{lo}, {hi}) past train.heldout_window="
                           f"{t.heldout_window}: the held-out slice; raise heldout_window or stop earlier")
     accum, plan = microbatch_plan(step, topology, t.micro_batch, ctx.batch)
+    sharded = None
     if group is not None:
-        if topology.dp_shard != 1 or topology.world != group.world:
-            raise ConfigError(f"real data parallelism: topology {topology.label()} must be {group.world}x1 "
-                              f"(dp_shard > 1 is not implemented on real workers)")
+        if topology.world != group.world:
+            raise ConfigError(f"real data parallelism: topology {topology.label()} has {topology.world} ranks, the "
+                              f"group {group.world}")
         if t.reduction != "exact" and group.world > 1:
             raise ConfigError(f"train.reduction={t.reduction!r} on {group.world} real workers: only 'exact' is "
                               f"wired to real collectives")
-        plan = [(c, w) for c, w in plan if c.replica == group.rank]
+        me = divmod(group.rank, topology.dp_shard)  # (replica, shard)
+        plan = [(c, w) for c, w in plan if (c.replica, c.shard) == me]
+        if topology.dp_shard > 1:
+            sharded = ShardedStep(state, topology.dp_shard, group)
+    if state.shard is not None and sharded is None:
+        raise ConfigError(f"step {step}: this rank holds only a slice of the optimizer state (HSDP); topology "
+                          f"{topology.label()} needs the full state: restart from a checkpoint")
     params32 = {k: v.to(F32).requires_grad_(True) for k, v in state.params.items()}  # widened once per step
     losses: list = []
     load: dict[str, torch.Tensor] = {}
@@ -177,10 +193,13 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         reduced = reduce_gradients(parts, topology, accum, t.reduction)
     else:
         sums = exact_sums(parts)
-        for k in sorted(sums):  # the same order on every rank
-            for buf in sums[k].shared():
-                group.all_reduce_sum_(buf)
-        reduced = exact_result(sums, topology.world * accum)
+        if sharded is not None:
+            reduced = sharded.reduce(sums, topology.world * accum)  # my slice of it
+        else:
+            for k in sorted(sums):  # the same order on every rank
+                for buf in sums[k].shared():
+                    group.all_reduce_sum_(buf)
+            reduced = exact_result(sums, topology.world * accum)
         # every rank sees every microbatch's rows, digests and loads (in window order after the sort below)
         mine = ([(w, x.tolist()) for w, x in losses], partial_digests,
                 {k: v.tolist() for k, v in load.items()})
@@ -196,18 +215,25 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     losses.sort(key=lambda wl: wl[0])
     per_mb = torch.stack([x for _, x in losses])  # [microbatches, (loss, ce, z)] in window order
     means = exact_mean(per_mb, dim=0)
-    norm, coef, clipped = clip(reduced, t.clip_norm)
+    norm, coef, clipped = clip(reduced, t.clip_norm) if sharded is None else sharded.clip(reduced, t.clip_norm)
     lr = ctx.lr.at_step(step, ctx.batch)
     applied, triggered = spike_decision(float(norm), state.spike, t)
     if applied:
         state.adam_step += 1
-        adamw_update(state.params, clipped, state.m, state.v, ctx.specs, state.adam_step, lr, t)
-    state.grads = clipped
+        if sharded is None:
+            adamw_update(state.params, clipped, state.m, state.v, ctx.specs, state.adam_step, lr, t)
+        else:
+            sharded.update(state.params, clipped, ctx.specs, state.adam_step, lr, t)
+    if sharded is None:
+        state.grads = clipped
+    else:  # the writer gathers the full m, v and grads (and the mean for its digest); the others keep slices
+        reduced = sharded.settle(state, reduced, clipped, t.stage_digests)
+        clipped = state.grads
     state.step += 1
     state.tokens += (hi - lo) * ctx.cfg.model.seq_len
     digests = {}
     t0 = time.perf_counter()
-    if t.stage_digests:
+    if t.stage_digests and (sharded is None or sharded.writer):
         backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(partial_digests)).encode()).hexdigest()
         digests = {"forward": tensor_digest(per_mb), "backward": backward, "reduced": digest_many(reduced),
                    "clipped": digest_many(clipped), "optimizer": digest_many(
@@ -217,4 +243,3 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
                       float(norm), float(coef), lr, applied, triggered, digests,
                       time.perf_counter() - t0 + hash_time[0],
                       {k: [int(c) for c in v.tolist()] for k, v in load.items()})
-

@@ -188,13 +188,16 @@ class Trainer:
         return rec
 
     def one_step(self) -> tuple[dict, float, float]:
-        """Run, hash and log the next step; (record, step seconds, hashing seconds)."""
+        """Run, hash and log the next step; (record, step seconds, hashing seconds). A rank that does not write
+        the run directory only runs the step ({"step", "loss"})."""
         step = self.state.step
         lo, hi = self.ctx.batch.window_range(step)
         t0 = time.perf_counter()
         tokens = torch.from_numpy(self.stream.windows(lo, hi)).to(torch.int64).to(self.ctx.device)
         r = run_step(self.state, tokens, self.opts.topology, self.ctx, self.group)
         t1 = time.perf_counter()
+        if not self.writer:  # nothing to log; on HSDP this rank does not even hold the full state
+            return {"step": step, "loss": r.loss}, t1 - t0, r.digest_seconds
         sdig = state_hash(state_entries(self.state, self.config_json, self.code,
                                         self.stream.state_for_step(step + 1, self.ctx.batch)))
         self.prev = chain(self.prev, sdig)
@@ -248,7 +251,8 @@ class Trainer:
                     self.evaluate()
                 if o.checkpoint_every and n % o.checkpoint_every == 0:
                     self.checkpoint()
-                bar.update(rec, secs)
+                if self.writer:
+                    bar.update(rec, secs)
         if o.eval_every and self.state.step % o.eval_every:
             self.evaluate()
         if not o.checkpoint_every or self.state.step % o.checkpoint_every:
@@ -261,7 +265,7 @@ class Trainer:
                    "heldout_first": evals[0]["heldout_ce"] if evals else None,
                    "heldout_last": evals[-1]["heldout_ce"] if evals else None,
                    "seconds": total_s, "hash_share": hash_s / total_s if total_s else 0.0,
-                   "run_hash": self.prev.hex(), "time": time.time()}
+                   "run_hash": self.prev.hex() if self.writer else None, "time": time.time()}
         self.metrics.append(summary)
         self.log.close()
         self.metrics.close()

@@ -16,6 +16,7 @@ from .allreduce import all_reduce_ as _det_all_reduce_
 from .average import average_ as _average_
 from .p2p import exchange
 from .reduce_scatter import all_gather as _all_gather
+from .reduce_scatter import gather as _gather
 from .reduce_scatter import reduce_scatter as _det_reduce_scatter
 from .reduce_scatter import shard_bounds
 
@@ -117,6 +118,15 @@ class CollectiveGroup:
     def all_gather(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
         """The full 1-D buffer of `numel` elements from every rank's shard (data movement only)."""
         return _all_gather(shard, numel, self.group)
+
+    def gather(self, shard: torch.Tensor, numel: int, dst: int = 0) -> torch.Tensor | None:
+        """On group rank `dst` the full 1-D buffer of `numel` elements from every rank's shard; None elsewhere."""
+        return _gather(shard, numel, self.group, dst)
+
+    def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place elementwise max over the group (torch's own: a max is exact in any order)."""
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite `tensor` with rank `src`'s (group rank) in place (data movement only)."""

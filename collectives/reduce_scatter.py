@@ -1,4 +1,4 @@
-"""Deterministic reduce-scatter (all-to-all, then a local sum in ascending rank order) and all-gather (report A.2).
+"""Deterministic reduce-scatter (all-to-all, then a local sum in ascending rank order), all-gather and gather (A.2).
 
 Shards of a flat buffer of n elements over R ranks follow `torch.tensor_split`: the first n % R shards
 have n // R + 1 elements, the rest n // R. Both collectives work on the flattened tensor.
@@ -78,4 +78,22 @@ def all_gather(shard: torch.Tensor, numel: int, group: dist.ProcessGroup | None 
     sends = [(out[a:b], s) for s in range(world) if s != rank and b > a]
     recvs = [(out[lo:hi], s) for s, (lo, hi) in enumerate(bounds) if s != rank and hi > lo]
     exchange(sends, recvs, group)
+    return out
+
+
+def gather(shard: torch.Tensor, numel: int, group: dist.ProcessGroup | None = None,
+           dst: int = 0) -> torch.Tensor | None:
+    """On group rank `dst`, the full 1-D buffer of `numel` elements from every rank's shard; None elsewhere."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    bounds = shard_bounds(numel, world)
+    a, b = bounds[rank]
+    shard = shard.detach().reshape(-1)
+    if shard.numel() != b - a:
+        raise ValueError(f"rank {rank}'s shard has {shard.numel()} elements, expected {b - a} of {numel}")
+    if rank != dst:
+        exchange([(shard.contiguous(), dst)] if b > a else [], [], group)
+        return None
+    out = torch.empty(numel, dtype=shard.dtype, device=shard.device)
+    out[a:b] = shard
+    exchange([], [(out[lo:hi], s) for s, (lo, hi) in enumerate(bounds) if s != rank and hi > lo], group)
     return out

@@ -56,6 +56,9 @@ def check(g: CollectiveGroup, n: int = 4097, seed: int = 0) -> dict:
     shard = g.reduce_scatter(mine)
     res["reduce_scatter"] = _same(shard, simulate_reduce_scatter(ps)[rank])
     res["all_gather"] = _same(g.all_gather(shard, n), torch.cat(simulate_reduce_scatter(ps)))
+    got = g.gather(shard, n, dst=world - 1)
+    res["gather"] = _same(got, torch.cat(simulate_reduce_scatter(ps))) if rank == world - 1 else got is None
+    res["all_reduce_max"] = _same(g.all_reduce_max_(mine.clone()), torch.stack(ps).amax(0))
     res["broadcast"] = _same(g.broadcast(mine.clone(), src=world - 1), ps[world - 1])
     res["exact_all_reduce"] = _same(exact_all_reduce_(mine.clone(), g.group, block=256), exact_sum(ps, block=256))
     # torch's own all-reduce on the same group: marked non-deterministic; close, bits unspecified

@@ -111,27 +111,48 @@ def mean(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     return _Sum.apply(x, d, keepdim, 1.0 / x.shape[d])
 
 
+def l2_squares(tensors: list[torch.Tensor], who: str = "global_l2_norm") -> list[torch.Tensor]:
+    """The elements' squares, exact in float64, one flat tensor per input."""
+    for i, t in enumerate(tensors):
+        expect(who, f"tensors[{i}]", t, dtype=(torch.float32, torch.bfloat16))
+    return [t.to(torch.float64).square().reshape(-1) for t in tensors]
+
+
+def l2_max_square(sq: list[torch.Tensor], device) -> torch.Tensor:
+    """The largest finite square (float64 0-dim; 0 if none): it fixes the one fixed-point scale (max is exact)."""
+    return torch.stack([torch.amax(fixed.finite_or_zero(q)) for q in sq if q.numel()]
+                       or [torch.zeros((), dtype=torch.float64, device=device)]).amax()
+
+
+def l2_fixed_sum(sq: list[torch.Tensor], s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int64 sum of the finite squares on the grid 2^-s, float64 sum of the non-finite ones): both order-free."""
+    total = torch.zeros((), dtype=torch.int64, device=s.device)
+    bad = torch.zeros((), dtype=torch.float64, device=s.device)
+    for q in sq:
+        total = total + fixed.to_fixed(fixed.finite_or_zero(q), s).sum()  # br-ok: int64 sum is exact
+        bad = bad + fixed.nonfinite_sum(q, 0, False)
+    return total, bad
+
+
+def l2_norm_from_fixed(total: torch.Tensor, s: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """float32(sqrt(float64(float32 sum))), or the non-finite stand-in."""
+    norm = sqrt_(fixed.from_fixed(total, s, torch.float32))
+    return torch.where(torch.isfinite(bad), norm, bad.to(torch.float32))
+
+
 def global_l2_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     """sqrt(sum of squares) over a list of tensors (gradient clipping), as a 0-dim float32.
 
     Squares are exact in float64; one fixed-point scale from the largest square over all tensors;
-    int64 sums per tensor, added as integers; float32(sqrt(float64(float32 sum))) at the end.
+    int64 sums per tensor, added as integers; float32(sqrt(float64(float32 sum))) at the end. The four
+    steps are public so that a sharded caller (app/sharding.py) can all-reduce the max and the sums between them.
     """
     if not tensors:
         raise ValueError("global_l2_norm: argument 'tensors' is empty")
-    for i, t in enumerate(tensors):
-        expect("global_l2_norm", f"tensors[{i}]", t, dtype=(torch.float32, torch.bfloat16))
-    sq = [t.to(torch.float64).square().reshape(-1) for t in tensors]
+    sq = l2_squares(tensors)
     n = 0
     for q in sq:
         n += q.numel()
-    amax = torch.stack([torch.amax(fixed.finite_or_zero(q)) if q.numel() else q.new_zeros(()) for q in sq]).amax()
-    s = fixed.scale_exponent(amax, n)
-    total = torch.zeros((), dtype=torch.int64, device=tensors[0].device)
-    bad = torch.zeros((), dtype=torch.float64, device=tensors[0].device)
-    for q in sq:
-        total = total + fixed.to_fixed(fixed.finite_or_zero(q), s).sum()  # br-ok: int64 sum is exact
-        bad = bad + fixed.nonfinite_sum(q, 0, False)
-    sumsq = fixed.from_fixed(total, s, torch.float32)
-    norm = sqrt_(sumsq)
-    return torch.where(torch.isfinite(bad), norm, bad.to(torch.float32))
+    s = fixed.scale_exponent(l2_max_square(sq, tensors[0].device), n)
+    total, bad = l2_fixed_sum(sq, s)
+    return l2_norm_from_fixed(total, s, bad)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from app.config import RunConfig
 from app.presets import TINY
@@ -25,6 +26,16 @@ def tiny(demo_corpus: Path) -> RunConfig:
     return TINY.replace(**{"train.corpus": str(demo_corpus)})
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch CPU thread for a module (bits do not depend on it): on a busy 2-core machine two threads that
+    wait for each other make the tiny model's init and steps several times slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny1(tiny: RunConfig) -> RunConfig:
     """tiny with one window per microbatch: what real workers need to split its batch of 2 windows."""
@@ -38,4 +49,9 @@ def run200(tiny1: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     from app.train import TrainOptions, train
 
     out = tmp_path_factory.mktemp("runs") / "run200"
-    return out, train(tiny1, out, TrainOptions(steps=200, checkpoint_every=100, eval_every=50, progress=False))
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # see one_thread
+    try:
+        return out, train(tiny1, out, TrainOptions(steps=200, checkpoint_every=100, eval_every=50, progress=False))
+    finally:
+        torch.set_num_threads(n)

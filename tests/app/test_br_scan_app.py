@@ -4,7 +4,7 @@ import os
 from kernels.br_scan import scan_source
 
 APP = os.path.join(os.path.dirname(__file__), "..", "..", "app")
-BIT_PATH = ("model.py", "moe.py", "init.py", "reduction.py", "optim.py", "step.py", "evaluate.py")
+BIT_PATH = ("model.py", "moe.py", "init.py", "reduction.py", "optim.py", "step.py", "sharding.py", "evaluate.py")
 
 
 def test_bit_path_modules_use_only_br_safe_primitives():

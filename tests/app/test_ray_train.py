@@ -36,7 +36,7 @@ def _records(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "hashlog.jsonl").read_text().splitlines()]
 
 
-def test_two_workers_equal_one_process(cfg1, ray_local, tmp_path):
+def test_two_workers_equal_one_process(cfg1, ray_local, one_thread, tmp_path):
     from app.ray_train import train_ray
 
     opts = dict(steps=STEPS, checkpoint_every=4, eval_every=0, progress=False)
@@ -62,14 +62,16 @@ def test_two_workers_equal_one_process(cfg1, ray_local, tmp_path):
     assert any(p.name.startswith("checkpoint") for p in (real / "ray").rglob("*") if p.is_dir())
 
 
-def test_workers_option_and_refusals(cfg1):
-    """--workers parsing; a real group refuses `ordered` reduction and a topology that is not world x 1."""
+def test_workers_option_and_refusals(cfg1, one_thread):
+    """--workers parsing; a real group refuses `ordered` reduction and a topology of another world size (HSDP,
+    dp_shard > 1, is accepted: tests/app/test_ray_hsdp.py); train_ray refuses --workers not multiples of --dp-shard."""
     import torch
 
     from app.errors import ConfigError
     from app.init import init_params
-    from app.ray_train import parse_workers
+    from app.ray_train import parse_workers, train_ray
     from app.step import StepContext, TrainState, run_step
+    from app.train import TrainOptions
 
     assert parse_workers("2") == (2, 2) and parse_workers("2:4") == (2, 4)
     for bad in ("0", "3:2", "a:b"):
@@ -81,8 +83,11 @@ def test_workers_option_and_refusals(cfg1):
 
     tokens = torch.zeros((2, cfg1.model.seq_len + 1), dtype=torch.int64)
     for cfg, topo, word in ((cfg1.replace(**{"train.reduction": "ordered"}), Topology(2, 1), "ordered"),
-                            (cfg1, Topology(1, 2), "dp_shard")):
+                            (cfg1, Topology(1, 1), "has 1 ranks, the group 2")):
         ctx = StepContext.build(cfg)
         state = TrainState.fresh(init_params(cfg.model, cfg.train.seed))
         with pytest.raises(ConfigError, match=word):
             run_step(state, tokens, topo, ctx, Two())
+    for workers, shard in (((2, 3), 2), ((3, 3), 2), ((2, 2), 0)):
+        with pytest.raises(ConfigError, match="--dp-shard"):
+            train_ray(cfg1, "/nonexistent/run", TrainOptions(1, progress=False), workers, dp_shard=shard)
