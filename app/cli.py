@@ -25,7 +25,8 @@ def _train(args: argparse.Namespace) -> int:
                          args.max_failures, args.dp_shard)
     from app.train import main as train
     return train(args.config, args.steps, args.out, args.resume, args.checkpoint_every, args.eval_every,
-                 args.topology, args.micro_batch, args.corpus, args.device, not args.no_progress, args.threads)
+                 args.topology, args.micro_batch, args.corpus, args.device, not args.no_progress, args.threads,
+                 args.backend)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -45,6 +46,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--micro-batch", type=int, default=None, help="sequences per microbatch (default: the config's)")
     t.add_argument("--corpus", default=None, help="corpus directory (default: the config's)")
     t.add_argument("--device", default="cpu", help="cpu or cuda")
+    t.add_argument("--backend", default="ref", choices=("ref", "triton"),
+                   help="op library: ref (kernels/ref) or triton (the Triton twins on CUDA); the bits are the same")
     t.add_argument("--no-progress", action="store_true", help="no live progress display")
     t.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")
     t.add_argument("--workers", default=None, help="train on Ray Train workers: N or MIN:MAX (elastic); "

@@ -20,8 +20,10 @@ import torch
 
 from app.config import TrainConfig
 from app.params import ParamSpec
-from kernels.ref.adamw import adamw_step, clip_coefficient
-from kernels.ref.reduce import global_l2_norm
+import kernels.ref.adamw
+import kernels.ref.reduce
+from kernels import ref as REF
+from kernels.ref.adamw import clip_coefficient
 
 
 @dataclass
@@ -47,28 +49,28 @@ def spike_decision(norm: float, spike: SpikeState, cfg: TrainConfig) -> tuple[bo
     return True, triggered
 
 
-def clip(grads: dict[str, torch.Tensor], max_norm: float
+def clip(grads: dict[str, torch.Tensor], max_norm: float, ops=REF
          ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """(pre-clip global L2 norm, coefficient min(1, max_norm / (norm + 1e-6)), grads times it).
 
     The norm is exact (int64 fixed point), so it does not depend on the order of the tensors.
     """
     names = sorted(grads)
-    norm = global_l2_norm([grads[k] for k in names])
+    norm = ops.reduce.global_l2_norm([grads[k] for k in names])
     coef = clip_coefficient(norm, max_norm)
     return norm, coef, {k: grads[k] * coef for k in names}
 
 
 def adamw_update(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], m: dict[str, torch.Tensor],
                  v: dict[str, torch.Tensor], specs: dict[str, ParamSpec], step: int, lr: float,
-                 cfg: TrainConfig) -> None:
+                 cfg: TrainConfig, ops=REF) -> None:
     """One AdamW step (1-based `step`) on every parameter, in place, in sorted name order."""
     for k in sorted(params):
-        adamw_tensor(params[k], grads[k], m[k], v[k], specs[k], step, lr, cfg)
+        adamw_tensor(params[k], grads[k], m[k], v[k], specs[k], step, lr, cfg, ops)
 
 
 def adamw_tensor(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, spec: ParamSpec,
-                 step: int, lr: float, cfg: TrainConfig) -> None:
+                 step: int, lr: float, cfg: TrainConfig, ops=REF) -> None:
     """AdamW on one tensor, or on a slice of one (elementwise: the same bits), with its weight decay; in place."""
     wd = cfg.weight_decay if spec.decayed else 0.0
-    adamw_step(param, grad, m, v, step=step, lr=lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, weight_decay=wd)
+    ops.adamw.adamw_step(param, grad, m, v, step=step, lr=lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, weight_decay=wd)

@@ -98,12 +98,17 @@ class StepContext:
     lr: stream.LRSchedule
     rope: tuple[torch.Tensor, torch.Tensor]
     device: torch.device
+    backend: str = "ref"  # the op namespace (kernels.backend): the speed changes, the bits do not
+    ops: object = None
 
     @classmethod
-    def build(cls, cfg: RunConfig, device: torch.device | str = "cpu") -> "StepContext":
+    def build(cls, cfg: RunConfig, device: torch.device | str = "cpu", backend: str = "ref") -> "StepContext":
+        import kernels
+
         batch, lr = schedules(cfg)
         dev = torch.device(device)
-        return cls(cfg, spec_map(cfg.model), batch, lr, rope_for(cfg.model, dev), dev)
+        return cls(cfg, spec_map(cfg.model), batch, lr, rope_for(cfg.model, dev), dev, backend,
+                   kernels.backend(backend))
 
 
 def schedules(cfg: RunConfig) -> tuple[stream.BatchSchedule, stream.LRSchedule]:
@@ -139,7 +144,8 @@ def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, 
     leaves = [params32[k] for k in names]
     for coord, wins in plan:
         rows = torch.tensor([w - lo for w in wins], dtype=torch.int64, device=tokens.device)
-        out = forward(params32, ctx.cfg.model, tokens.index_select(0, rows), ctx.rope, z_loss=ctx.cfg.train.z_loss)
+        out = forward(params32, ctx.cfg.model, tokens.index_select(0, rows), ctx.rope, z_loss=ctx.cfg.train.z_loss,
+                      ops=ctx.ops)
         grads = torch.autograd.grad(out.loss, leaves, allow_unused=True)
         g = {k: (gi if gi is not None else torch.zeros_like(p)) for k, gi, p in zip(names, grads, leaves)}
         losses.append((wins, torch.stack([out.loss.detach(), out.ce.detach(), out.z.detach()])))
@@ -215,13 +221,16 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     losses.sort(key=lambda wl: wl[0])
     per_mb = torch.stack([x for _, x in losses])  # [microbatches, (loss, ce, z)] in window order
     means = exact_mean(per_mb, dim=0)
-    norm, coef, clipped = clip(reduced, t.clip_norm) if sharded is None else sharded.clip(reduced, t.clip_norm)
+    if sharded is None:
+        norm, coef, clipped = clip(reduced, t.clip_norm, ctx.ops)
+    else:
+        norm, coef, clipped = sharded.clip(reduced, t.clip_norm)
     lr = ctx.lr.at_step(step, ctx.batch)
     applied, triggered = spike_decision(float(norm), state.spike, t)
     if applied:
         state.adam_step += 1
         if sharded is None:
-            adamw_update(state.params, clipped, state.m, state.v, ctx.specs, state.adam_step, lr, t)
+            adamw_update(state.params, clipped, state.m, state.v, ctx.specs, state.adam_step, lr, t, ctx.ops)
         else:
             sharded.update(state.params, clipped, ctx.specs, state.adam_step, lr, t)
     if sharded is None:

@@ -67,6 +67,7 @@ class TrainOptions:
     topology: Topology = Topology()
     device: str = "cpu"
     progress: bool = True
+    backend: str = "ref"  # kernels.backend: "triton" runs the Triton twins on CUDA; the bits are the same
 
 
 def _record(r: StepResult, tokens: int, state_digest: bytes, chain_digest: bytes) -> dict:
@@ -102,7 +103,7 @@ class Trainer:
         self.group, self.writer = group, writer
         self.code = code_version()
         self.config_json = canonical_json(cfg.to_dict()).decode()
-        self.ctx = StepContext.build(cfg, opts.device)
+        self.ctx = StepContext.build(cfg, opts.device, opts.backend)
         # everything that can refuse the config is checked before the run directory is touched
         self.stream = stream.open_stream(cfg.train.corpus, seq_len=cfg.model.seq_len, seed=cfg.train.seed)
         vocab = self.stream.manifest.vocab_size
@@ -144,7 +145,8 @@ class Trainer:
             log.append({"step": -1, "tokens": 0, "init_digest": digest_many(params), "state_hash": sdig.hex(),
                         "chain_hash": prev.hex(), "code_version": self.code})
         self.metrics.append({"event": "start", "config": self.cfg.name, "topology": self.opts.topology.label(),
-                             "device": str(self.ctx.device), "torch": torch.__version__, "code_version": self.code,
+                             "device": str(self.ctx.device), "backend": self.ctx.backend,
+                             "torch": torch.__version__, "code_version": self.code,
                              "time": time.time()})
         return state, prev
 
@@ -279,7 +281,7 @@ def train(cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = Fa
 
 def main(config: str, steps: int, out: str, resume: bool = False, checkpoint_every: int = 100, eval_every: int = 50,
          topology: str = "1x1", micro_batch: int | None = None, corpus: str | None = None, device: str = "cpu",
-         progress: bool = True, threads: int = 0) -> int:
+         progress: bool = True, threads: int = 0, backend: str = "ref") -> int:
     """`python -m app train ...`: train, print the one-line summary with the run hash."""
     from rich.console import Console
 
@@ -292,7 +294,7 @@ def main(config: str, steps: int, out: str, resume: bool = False, checkpoint_eve
         cfg = cfg.replace(**{"train.micro_batch": micro_batch})
     if corpus is not None:
         cfg = cfg.replace(**{"train.corpus": corpus})
-    opts = TrainOptions(steps, checkpoint_every, eval_every, Topology.parse(topology), device, progress)
+    opts = TrainOptions(steps, checkpoint_every, eval_every, Topology.parse(topology), device, progress, backend)
     s = train(cfg, out, opts, resume)
     held = (f", held-out CE {s['heldout_first']:.3f} -> {s['heldout_last']:.3f}"
             if s["heldout_first"] is not None else "")

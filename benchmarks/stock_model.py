@@ -61,17 +61,19 @@ class StockModel(nn.Module):
         for p in self.parameters():
             if p.dim() == 2:
                 nn.init.trunc_normal_(p, std=c.init_std, a=-2 * c.init_std, b=2 * c.init_std)
-        self.rope = _rope(c.seq_len, c.head_dim, c.rope_theta)
+        cos, sin = _rope(c.seq_len, c.head_dim, c.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)  # buffers: .to(device/dtype) moves them too
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, ids: torch.Tensor, z_loss: float = 1e-4) -> torch.Tensor:
         x, y = ids[:, :-1], ids[:, 1:]
         t = x.shape[1]
         h = self.embed_norm(self.embed(x))
-        i = torch.arange(t)
+        i = torch.arange(t, device=h.device)
         for blk in self.blocks:
             w = self.c.window_of(blk.i)
             mask = None if w is None else (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - w)
-            h = blk(h, (self.rope[0][:t], self.rope[1][:t]), mask)
+            h = blk(h, (self.cos[:t], self.sin[:t]), mask)
         logits = self.head(self.final_norm(h)).flatten(0, 1)
         lse = torch.logsumexp(logits, dim=-1)
         ce = F.cross_entropy(logits, y.flatten())

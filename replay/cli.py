@@ -10,7 +10,7 @@ import argparse
 def _replay(args: argparse.Namespace) -> int:
     from replay.console import replay_main
     return replay_main(args.run, args.until_step, args.from_checkpoint, args.device, args.corpus,
-                       not args.no_progress, args.threads)
+                       not args.no_progress, args.threads, args.backend)
 
 
 def add_replay_command(asub: argparse._SubParsersAction) -> None:
@@ -22,6 +22,8 @@ def add_replay_command(asub: argparse._SubParsersAction) -> None:
     r.add_argument("--from-checkpoint", type=int, default=None,
                    help="start from the run's checkpoint of this step (default: from the initialization)")
     r.add_argument("--device", default="cpu", help="cpu or cuda")
+    r.add_argument("--backend", default="ref", choices=("ref", "triton"),
+                   help="op library: ref or triton (the Triton twins on CUDA); a MATCH means the same bits either way")
     r.add_argument("--corpus", default=None, help="read this copy of the corpus instead of the config's; manifest "
                                                  "differences are reported, the tokens checked by the step digests")
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")

@@ -8,7 +8,7 @@ from rich.console import Console
 
 
 def replay_main(run: str, until_step: int, from_checkpoint: int | None = None, device: str = "cpu",
-                corpus: str | None = None, progress: bool = True, threads: int = 0) -> int:
+                corpus: str | None = None, progress: bool = True, threads: int = 0, backend: str = "ref") -> int:
     """Replay steps [from_checkpoint or 0, until_step] (inclusive) of `run`; print MATCH or MISMATCH."""
     import torch
 
@@ -24,7 +24,7 @@ def replay_main(run: str, until_step: int, from_checkpoint: int | None = None, d
             raise AuditRefused(f"{ckpt_dir(run, from_checkpoint)}: no such checkpoint (have "
                                f"{list_checkpoints(run)})")
         first = from_checkpoint
-    r = replay_segment(run, first, until_step + 1, device=device, progress=progress, corpus=corpus)
+    r = replay_segment(run, first, until_step + 1, device=device, progress=progress, corpus=corpus, backend=backend)
     con = Console(soft_wrap=True)
     for note in r.notes:
         con.print(f"[yellow]note[/]: {note}")

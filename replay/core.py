@@ -246,7 +246,7 @@ def _start(r: _Run, ctx: StepContext, first_step: int, device: str) -> tuple[Tra
 
 
 def replay_segment(run: str | Path, first_step: int, end_step: int, device: str = "cpu", progress: bool = False,
-                   corpus: str | Path | None = None) -> ReplayResult:
+                   corpus: str | Path | None = None, backend: str = "ref") -> ReplayResult:
     """Replay steps [first_step, end_step) of `run` on one device and compare with its log (module doc)."""
     t0 = time.perf_counter()
     r = open_run(run, corpus)
@@ -254,7 +254,7 @@ def replay_segment(run: str | Path, first_step: int, end_step: int, device: str 
     if not 0 <= first_step < end_step <= last:
         raise AuditRefused(f"{r.path / 'hashlog.jsonl'}: steps [{first_step}, {end_step}) asked, the log holds steps "
                            f"0..{last - 1}")
-    ctx = StepContext.build(r.cfg, device)
+    ctx = StepContext.build(r.cfg, device, backend)
     state, prev, mm = _start(r, ctx, first_step, device)
     start = state.step
     n = 0
@@ -272,4 +272,4 @@ def replay_segment(run: str | Path, first_step: int, end_step: int, device: str 
                 bar.update(task, advance=1, info=f"step {res.step}  chain {prev.hex()[:12]}  MATCH")
     return ReplayResult(r.records[last - 1]["chain_hash"], first_step, end_step, "MISMATCH" if mm else "MATCH", mm,
                         r.records[end_step - 1]["chain_hash"], "" if mm else prev.hex(), n, str(ctx.device),
-                        f"ref (eager torch {torch.__version__})", time.perf_counter() - t0, start, r.notes)
+                        f"{backend} (torch {torch.__version__})", time.perf_counter() - t0, start, r.notes)

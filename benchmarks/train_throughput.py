@@ -1,0 +1,176 @@
+"""Training throughput on one GPU: stock PyTorch bf16 vs our step (reference backend, Triton backend), one run.
+
+    python3 benchmarks/train_throughput.py [--layers 4] [--seq-len 2048] [--batch 4] [--steps 5] [--arms ...]
+
+The shape is a proxy of open-1b (report table 2): the same per-layer shapes (d 2048, 16/4 heads x 128,
+FFN 5632, vocab 128,256, sliding window 512 with a global layer every 5th and last) and fewer layers.
+Every arm trains on the same token ids (random, seeded: speed does not depend on their values).
+
+- `stock`: benchmarks/stock_model.py in float32 masters under bf16 autocast, `torch.compile`, SDPA with
+  the sliding-window mask, fused AdamW, clip_grad_norm_: what a lab would run without our contract;
+- `ref`, `triton`: app.step.run_step (int8 QAT linears, BR attention and loss, exact reduction, clip,
+  AdamW on bf16 masters, stage digests) through kernels.ref or the Triton twins, plus the state hash
+  (on the GPU, kernels/triton/statehash.py), i.e. everything the trainer does per step but the log write.
+
+MFU counts 6 x (non-embedding parameters) plus the attention matmuls (fwd + bwd, causal and windowed key
+counts) per token against the H200's dense bf16 peak (989 TFLOP/s). Prints a table, writes JSON
+(benchmarks/results/train_throughput.json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.config import ModelConfig, Topology  # noqa: E402
+from app.presets import OPEN_1B  # noqa: E402
+
+PEAK_BF16 = 989.4e12  # H200 SXM dense bf16 tensor-core peak, FLOP/s
+ARMS = ("stock", "ref", "triton")
+
+
+def proxy(layers: int, seq_len: int) -> ModelConfig:
+    return OPEN_1B.replace(**{"model.n_layers": layers, "model.seq_len": seq_len}).model
+
+
+def flops_per_token(c: ModelConfig) -> float:
+    """6 N (matmul weights incl. the head, no embedding) + the attention matmuls, forward and backward."""
+    d, hd, hq, hkv = c.d_model, c.head_dim, c.n_heads, c.n_kv_heads
+    per_layer = d * (hq + 2 * hkv) * hd + hq * hd * d + d * 2 * c.ffn_hidden + c.ffn_hidden * d
+    dense = 6 * (c.n_layers * per_layer + d * c.vocab_size)
+    attn = 0.0
+    for i in range(c.n_layers):
+        w = c.window_of(i)
+        keys = sum(min(t + 1, w or t + 1) for t in range(c.seq_len)) / c.seq_len  # mean keys per query
+        attn += 3 * 2 * 2 * hq * hd * keys  # QK^T and P.V, 2 FLOP per MAC, x3 for forward + backward
+    return dense + attn
+
+
+def token_batches(c: ModelConfig, batch: int, n: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, c.vocab_size, (batch, c.seq_len + 1), generator=g, dtype=torch.int64).cuda()
+            for _ in range(n)]
+
+
+def _timed(fn, batches: list[torch.Tensor], warmup: int) -> dict:
+    times = []
+    torch.cuda.reset_peak_memory_stats()
+    for i, b in enumerate(batches):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        extra = fn(b)
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0, extra or 0.0))
+    return {"step_s": statistics.median(t for t, _ in times), "hash_s": statistics.median(h for _, h in times),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def bench_stock(c: ModelConfig, batches, warmup: int) -> dict:
+    from benchmarks.stock_model import StockModel
+
+    torch.manual_seed(0)
+    model = StockModel(c).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    fwd = torch.compile(model)
+
+    def step(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(ids)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    out = _timed(step, batches, warmup)
+    del model, opt, fwd
+    torch.cuda.empty_cache()
+    return out
+
+
+def bench_ours(c: ModelConfig, batch: int, batches, warmup: int, backend: str) -> dict:
+    from app.init import init_params
+    from app.state_hash import canonical_json, code_version, state_entries, state_hash
+    from app.step import StepContext, TrainState, run_step
+
+    cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": batch, "train.batch_phases": ((1 << 50, batch),),
+                             "train.heldout_windows": 0})
+    ctx = StepContext.build(cfg, "cuda", backend=backend)
+    st = TrainState.fresh(init_params(c, cfg.train.seed, ctx.device))
+    code, cj = code_version(), canonical_json(cfg.to_dict()).decode()
+
+    def step(ids):
+        r = run_step(st, ids, Topology(), ctx)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        state_hash(state_entries(st, cj, code, {"window": st.step}))
+        return r.digest_seconds + time.perf_counter() - t0
+
+    out = _timed(step, batches, warmup)
+    del st, ctx
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=4, help="windows per step (one microbatch)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per arm")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, autotuning)")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_throughput.json"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("train_throughput: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    c = proxy(args.layers, args.seq_len)
+    batches = token_batches(c, args.batch, args.warmup + args.steps)
+    tokens, fpt = args.batch * c.seq_len, flops_per_token(c)
+    rows = []
+    for arm in args.arms:
+        t0 = time.time()
+        try:
+            r = bench_stock(c, batches, args.warmup) if arm == "stock" else \
+                bench_ours(c, args.batch, batches, args.warmup, arm)
+        except Exception as e:  # noqa: BLE001 - one failing arm must not hide the others' numbers
+            print(f"{arm}: failed: {type(e).__name__}: {e}", flush=True)
+            rows.append({"arm": arm, "error": f"{type(e).__name__}: {e}"})
+            continue
+        r.update(arm=arm, tok_s=tokens / r["step_s"], mfu=tokens * fpt / r["step_s"] / PEAK_BF16,
+                 hash_share=r["hash_s"] / r["step_s"], wall_s=time.time() - t0)
+        rows.append(r)
+        print(f"{arm}: {r}", flush=True)
+    base = next((r for r in rows if r["arm"] == "stock" and "error" not in r), None)
+    print(f"\nopen-1b proxy: {c.n_layers} layers, T {c.seq_len}, {args.batch} windows/step ({tokens:,} tokens), "
+          f"{fpt / 1e9:.2f} GFLOP/token\n")
+    print("| arm | step s | tok/s | MFU (bf16 peak) | stock / arm | hash share | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['arm']} | failed: {r['error'][:80]} | | | | | |")
+            continue
+        ratio = f"{base['tok_s'] / r['tok_s']:.2f}x" if base else "-"
+        print(f"| {r['arm']} | {r['step_s']:.3f} | {r['tok_s']:,.0f} | {100 * r['mfu']:.1f}% | {ratio} | "
+              f"{100 * r['hash_share']:.1f}% | {r['peak_gib']:.1f} |")
+    meta = {"command": "benchmarks/train_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "layers": c.n_layers, "seq_len": c.seq_len, "batch": args.batch,
+            "flops_per_token": fpt, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(meta, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
