@@ -16,8 +16,8 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     if args.workers:
         if args.topology != "1x1" or args.device != "cpu":
-            print("error: --workers: the topology is the real world size and workers run on CPU (gloo); "
-                  "drop --topology/--device", file=sys.stderr)
+            print("error: --workers: the topology is the real one ((world / --dp-shard) x --dp-shard) and workers "
+                  "run on CPU (gloo); drop --topology/--device", file=sys.stderr)
             return 2
         from app.ray_train import main as ray_train
         return ray_train(args.config, args.steps, args.out, args.workers, args.resume, args.checkpoint_every,

@@ -167,7 +167,7 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
 
     out = Path(out).resolve()
     if opts.topology.world != 1:
-        raise ConfigError("--topology: with --workers the topology is the real world size (Rx1)")
+        raise ConfigError("--topology: with --workers the topology is the real one, (world / --dp-shard) x --dp-shard")
     if cfg.train.reduction != "exact" and workers[1] > 1:
         raise ConfigError(f"train.reduction={cfg.train.reduction!r}: only 'exact' runs on real workers")
     if isinstance(dp_shard, bool) or not isinstance(dp_shard, int) or dp_shard < 1:
