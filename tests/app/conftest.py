@@ -40,18 +40,3 @@ def one_thread():
 def tiny1(tiny: RunConfig) -> RunConfig:
     """tiny with one window per microbatch: what real workers need to split its batch of 2 windows."""
     return tiny.replace(**{"train.micro_batch": 1})
-
-
-@pytest.fixture(scope="session")
-def run200(tiny1: RunConfig, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """tiny1, 200 steps in one go in this process, checkpoints every 100, held-out CE every 50: the reference
-    the trainer's tests (test_train.py) and the elastic story (test_demo_story.py) compare with."""
-    from app.train import TrainOptions, train
-
-    out = tmp_path_factory.mktemp("runs") / "run200"
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # see one_thread
-    try:
-        return out, train(tiny1, out, TrainOptions(steps=200, checkpoint_every=100, eval_every=50, progress=False))
-    finally:
-        torch.set_num_threads(n)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 os.environ["RAY_AUTH_MODE"] = "disabled"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray instance for the session, advertising two simulated hardware kinds."""
     import ray
@@ -58,7 +58,7 @@ def run12(corpus, tmp_path_factory) -> Path:
     return _train(corpus, tmp_path_factory.mktemp("runs") / "a", 12)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def audited(ray_cluster, run12):
     """The whole run audited once, on the cpu_x86 slots."""
     return run_batch(run12, "0:12", segment=4, kind="cpu_x86", progress=False)
