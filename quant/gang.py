@@ -61,7 +61,8 @@ class Gang:
         if n < 1:
             raise GangError(f"--gang must be >= 1, got {n}")
         if not ray.is_initialized():
-            ray.init(num_cpus=max(n, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=max(n, os.cpu_count() or 1), include_dashboard=False,
+                     log_to_driver=False)  # a new instance, never a cluster some other process left behind
         self.n, self.timeout_s, self.ray = n, timeout_s, ray
         self.pg = placement_group([{"CPU": 1}] * n, strategy="PACK")
         ray.get(self.pg.ready(), timeout=timeout_s)

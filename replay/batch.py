@@ -216,7 +216,8 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     if address:
         ray.init(address=address, log_to_driver=False)
         return False
-    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, log_to_driver=False)
+    # "local": a new instance even where `ray start` (or a test's simulated cluster) left an address behind
+    ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, log_to_driver=False)
     return True
 
 

@@ -11,7 +11,8 @@ def ray_session():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        # "local": our own instance, even while another pytest worker's simulated cluster is the latest address
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()

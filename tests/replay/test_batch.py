@@ -25,7 +25,7 @@ def ray_cluster():
     """One local Ray instance for the session, advertising two simulated hardware kinds."""
     import ray
 
-    ray.init(num_cpus=4, resources={"cpu_x86": 2, "cpu_arm": 2}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, resources={"cpu_x86": 2, "cpu_arm": 2}, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
