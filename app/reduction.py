@@ -18,9 +18,12 @@ shard-minor, then the rank's microbatches in order). Two definitions, picked by 
     2^22 partials; larger or non-finite elements propagate as inf/NaN (order-free), and values below
     2^-97 round to the grid (far below AdamW's eps, so they cannot move an update).
 Averages are multiplications by reciprocals (appendix A.3), never divisions.
+Given `ops` = kernels.backend("triton"), ExactSum runs fused Triton kernels on CUDA tensors
+(kernels/triton/exactsum.py: the same bits, without the chains of eager float64 ops); ops=None is eager.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -29,6 +32,7 @@ import torch
 from app.config import REDUCTIONS, Topology
 from app.errors import ConfigError
 from collectives.treefold import TreeFold
+from kernels import _TritonBackend
 from kernels.ref.fixed import pow2
 
 F32, F64 = torch.float32, torch.float64
@@ -51,6 +55,15 @@ def _p2(e: int, device) -> torch.Tensor:
     return pow2(torch.tensor(e, device=device))
 
 
+def _fused_kernels(ops):
+    """kernels.triton.exactsum when `ops` is the Triton backend (kernels.backend("triton")), else None."""
+    if not isinstance(ops, _TritonBackend):
+        return None
+    from kernels.triton import exactsum  # lazy: triton is optional (the `gpu` extra)
+
+    return exactsum
+
+
 class ExactSum:
     """Order-free exact sum of float32 tensors of one shape (see module doc): add in any order, same bits.
 
@@ -58,14 +71,27 @@ class ExactSum:
     partial itself (the limbs would reconstruct exactly that integer), so accum = world = 1 costs no limbs.
     """
 
-    def __init__(self, shape: tuple[int, ...], device) -> None:
+    def __init__(self, shape: tuple[int, ...], device, ops=None) -> None:
         self.shape, self.device = tuple(shape), device
+        self._fused = _fused_kernels(ops)
         self.limbs: torch.Tensor | None = None  # allocated when a second partial arrives
         self.bad = torch.zeros(shape, dtype=F64, device=device)  # order-free sum of inf/NaN stand-ins
         self.pending: torch.Tensor | None = None
         self.count = 0
-        self._up, self._d80, self._d40 = _p2(GRID, device), _p2(-2 * DIGIT, device), _p2(-DIGIT, device)
-        self._m80, self._m40 = _p2(2 * DIGIT, device), _p2(DIGIT, device)
+
+    # the eager path's exact powers of two, made on first use (the fused path needs none: no small copies to the GPU)
+    _up = functools.cached_property(lambda self: _p2(GRID, self.device))
+    _d80 = functools.cached_property(lambda self: _p2(-2 * DIGIT, self.device))
+    _d40 = functools.cached_property(lambda self: _p2(-DIGIT, self.device))
+    _m80 = functools.cached_property(lambda self: _p2(2 * DIGIT, self.device))
+    _m40 = functools.cached_property(lambda self: _p2(DIGIT, self.device))
+
+    def _kernels(self, *tensors: torch.Tensor):
+        """The fused kernels when they take these tensors (Triton backend, CUDA, contiguous limbs), else None."""
+        k = self._fused
+        if k is None or not k.on_triton(*tensors, self.bad) or not self.bad.is_contiguous():
+            return None
+        return k if self.limbs is None or (self.limbs.is_contiguous() and k.on_triton(self.limbs)) else None
 
     def _grid(self, g: torch.Tensor) -> torch.Tensor:
         """round(g * 2^GRID) in float64 (half to even, the one rounding); out-of-range elements go to `bad`."""
@@ -78,6 +104,13 @@ class ExactSum:
         return torch.round(x * self._up)  # exact scaling; r has <= 25 significant bits, |r| < 2^120
 
     def _accumulate(self, g: torch.Tensor) -> None:
+        k = self._kernels(g)
+        if k is not None:  # fused: _grid and the digits below in one pass (bad updated in place)
+            fresh = self.limbs is None
+            if fresh:
+                self.limbs = torch.empty((3, *self.shape), dtype=torch.int64, device=self.device)
+            k.accumulate(g, self.limbs, self.bad, fresh)
+            return
         r = self._grid(g)
         if self.limbs is None:
             self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
@@ -127,14 +160,18 @@ class ExactSum:
         return self.limbs, self.bad
 
     @classmethod
-    def of_shared(cls, limbs: torch.Tensor, bad: torch.Tensor) -> "ExactSum":
+    def of_shared(cls, limbs: torch.Tensor, bad: torch.Tensor, ops=None) -> "ExactSum":
         """An accumulator holding summed (limbs, bad) buffers, e.g. a slice of `shared()`'s (result is elementwise)."""
-        s = cls(tuple(bad.shape), bad.device)
+        s = cls(tuple(bad.shape), bad.device, ops)
         s.limbs, s.bad = limbs, bad
         return s
 
     def result(self, scale: float = 1.0) -> torch.Tensor:
         """The sum times the host double `scale` (e.g. 1/n), rounded once to float32."""
+        src = self.pending if self.pending is not None else self.limbs
+        k = self._kernels(src) if src is not None else None
+        if k is not None:
+            return k.result(src, self.bad, scale, self.pending is not None)
         if self.pending is not None:
             # one partial: the integer the limbs would reconstruct exactly (+ 0.0: an integer zero has no sign)
             v = self._grid(self.pending) + 0.0
@@ -181,13 +218,15 @@ def _checked(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topo: To
         raise ConfigError(f"reduction: got {i} partials, the mesh {topo.label()} x accum {accum} has {len(want)}")
 
 
-def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]]) -> dict[str, ExactSum]:
-    """Per tensor name, the ExactSum of the partials (any order, any subset: e.g. one real rank's microbatches)."""
+def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], ops=None) -> dict[str, ExactSum]:
+    """Per tensor name, the ExactSum of the partials (any order, any subset: e.g. one real rank's microbatches).
+
+    `ops`: the op backend (ExactSum's fused kernels under kernels.backend("triton")); None is eager."""
     sums: dict[str, ExactSum] = {}
     for _, g in partials:
         for k, v in g.items():
             if k not in sums:
-                sums[k] = ExactSum(tuple(v.shape), v.device)
+                sums[k] = ExactSum(tuple(v.shape), v.device, ops)
             sums[k].add(v)
     return sums
 
@@ -198,7 +237,7 @@ def exact_result(sums: dict[str, ExactSum], n: int) -> dict[str, torch.Tensor]:
 
 
 def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topology: Topology, accum: int,
-                     mode: str = "exact") -> dict[str, torch.Tensor]:
+                     mode: str = "exact", ops=None) -> dict[str, torch.Tensor]:
     """The mean gradient over all microbatches of a step, reduced by `mode` (module doc); float32 tensors.
 
     `partials` may be a generator: at most one partial (plus the accumulators) is resident at a time.
@@ -207,7 +246,7 @@ def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], 
         raise ConfigError(f"train.reduction: expected one of {REDUCTIONS}, got {mode!r}")
     it = _checked(partials, topology, accum)
     if mode == "exact":
-        return exact_result(exact_sums(it), topology.world * accum)
+        return exact_result(exact_sums(it, ops), topology.world * accum)
     fold = TreeFold()
     inner = rank = None
     for c, g in it:

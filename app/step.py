@@ -196,9 +196,9 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     hash_time = [0.0]
     parts = _partials(params32, tokens, lo, plan, ctx, losses, partial_digests, load, hash_time)
     if group is None:
-        reduced = reduce_gradients(parts, topology, accum, t.reduction)
+        reduced = reduce_gradients(parts, topology, accum, t.reduction, ops=ctx.ops)
     else:
-        sums = exact_sums(parts)
+        sums = exact_sums(parts, ctx.ops)
         if sharded is not None:
             reduced = sharded.reduce(sums, topology.world * accum)  # my slice of it
         else:

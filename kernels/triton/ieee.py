@@ -31,7 +31,9 @@ if INTERPRET:
         m = tl.abs(a)
         r = (m + big) - big
         r = tl.where(m < big, r, m)
-        return tl.where(a < 0, -r, r)
+        # the sign of a, zeros included (rint(-0.3) and rint(-0.0) are -0.0, as libdevice's and torch.round):
+        # Triton's -r is 0 - r, which gives +0.0 for r = 0
+        return tl.where(a < 0, r * -1.0, tl.where(a == 0, a, r))
 else:
     from triton.language.extra import libdevice
 

@@ -1,4 +1,5 @@
-"""Triton twins of the exact reductions in kernels/ref/reduce.py: exact_sum, exact_mean, sum, mean.
+"""Triton twins of the exact reductions in kernels/ref/reduce.py: exact_sum, exact_mean, sum, mean,
+global_l2_norm.
 
 Many rows: one program per row does both passes (largest finite magnitude and non-finite flags, then
 the int64 fixed-point sum at the row's scale, the row re-read from cache). Few long rows: rows are split
@@ -98,6 +99,37 @@ def _row_kernel(x_ptr, out_ptr, n, top, scale_bits, HAS_SCALE: tl.constexpr, BLO
                                     HAS_SCALE))
 
 
+@triton.jit(do_not_specialize=["n", "span"])
+def _l2_stats_kernel(x_ptr, amax_ptr, bad_ptr, n, span, BLOCK: tl.constexpr):
+    """Per split of one flat tensor: its largest finite square and the float64 sum of its non-finite squares."""
+    part = tl.program_id(0)
+    lo = part.to(tl.int64) * span
+    amax = tl.zeros([BLOCK], tl.float64)
+    fl = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, span, BLOCK):  # span is a multiple of BLOCK: blocks never straddle splits
+        idx = lo + start + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float64)
+        q = v * v  # exact in float64 (float32 or bfloat16 v)
+        amax = tl.maximum(amax, finite_abs(q))
+        fl = fl | flags_of(q)
+    tl.store(amax_ptr + part, tl.max(amax, 0))
+    tl.store(bad_ptr + part, nonfinite_sum(or_reduce(fl, 0)))  # 0, +inf or NaN (a square is never -inf)
+
+
+@triton.jit(do_not_specialize=["n", "span"])
+def _l2_sum_kernel(x_ptr, s_ptr, part_ptr, n, span, BLOCK: tl.constexpr):
+    """Per split of one flat tensor: the int64 sum of its finite squares at the one scale 2^s (s from s_ptr)."""
+    part = tl.program_id(0)
+    lo = part.to(tl.int64) * span
+    s = tl.load(s_ptr)
+    acc = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, span, BLOCK):
+        idx = lo + start + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float64)
+        acc += to_fixed(v * v, s)  # exact: any order of these integer adds gives the same sum
+    tl.store(part_ptr + part, tl.sum(acc, 0))
+
+
 def _double_bits(v: float) -> int:
     """The IEEE bits of a host double as a signed int64 (passed to the kernel, which bitcasts back)."""
     return struct.unpack("<q", struct.pack("<d", float(v)))[0]
@@ -180,6 +212,41 @@ def mean(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     return _Sum.apply(x, d, keepdim, 1.0 / x.shape[d])
 
 
+def global_l2_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """kernels.ref.reduce.global_l2_norm, computed by two launches per tensor and no host sync (same bits).
+
+    Every tensor is split over programs; pass 1 writes each split's largest finite square and the sum of
+    its non-finite squares, pass 2 each split's int64 sum at the one scale taken from the max over all
+    splits of all tensors. The splits of every tensor share one buffer per statistic, reduced by torch:
+    max, int64 sums and sums of 0/+inf/NaN are order-free. The reference's final step ends it.
+    """
+    for i, t in enumerate(tensors):
+        expect("global_l2_norm", f"tensors[{i}]", t, dtype=(torch.float32, torch.bfloat16))
+    if not tensors or not on_triton(*tensors) or len({t.device for t in tensors}) > 1:
+        return ref.global_l2_norm(tensors)
+    plan, splits, n = [], 0, 0  # (flat tensor, span, first split, split count) per non-empty tensor
+    for t in tensors:
+        x = t.contiguous().view(-1)
+        if x.numel():
+            k = max(1, min(cdiv(x.numel(), 4 * BLOCK), TARGET_PROGRAMS))
+            span = cdiv(cdiv(x.numel(), k), BLOCK) * BLOCK
+            plan.append((x, span, splits, cdiv(x.numel(), span)))
+            splits += plan[-1][3]
+        n += x.numel()
+    if not plan:  # only empty tensors: nothing to launch
+        return ref.global_l2_norm(tensors)
+    dev = tensors[0].device
+    amax = torch.empty(splits, dtype=torch.float64, device=dev)
+    bad = torch.empty(splits, dtype=torch.float64, device=dev)
+    parts = torch.empty(splits, dtype=torch.int64, device=dev)
+    for x, span, lo, k in plan:
+        _l2_stats_kernel[(k,)](x, amax[lo:], bad[lo:], x.numel(), span, BLOCK=BLOCK, **BR_OPTIONS)
+    s = ref_fixed.scale_exponent(torch.amax(amax), n)  # the reference's scale from the same max (exact)
+    for x, span, lo, k in plan:
+        _l2_sum_kernel[(k,)](x, s, parts[lo:], x.numel(), span, BLOCK=BLOCK, **BR_OPTIONS)
+    return ref.l2_norm_from_fixed(parts.sum(), s, bad.sum())  # br-ok: int64 sum; 0/+inf/NaN sum is order-free
+
+
 def __getattr__(name: str):
-    """Names without a twin (dot, max, global_l2_norm) are the reference's."""
+    """Names without a twin (dot, max) are the reference's."""
     return getattr(ref, name)

@@ -29,6 +29,9 @@ from kernels.triton import contraction as t_hp, embedding as t_emb, loss as t_lo
 from kernels.ref import attention as r_att  # noqa: E402
 from kernels.triton import attention as t_att  # noqa: E402
 
+import kernels  # noqa: E402
+
+TRITON = kernels.backend("triton")
 BASE = int(os.environ.get("TRITON_PARITY_SEED", int.from_bytes(os.urandom(6), "little")))
 INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 CUDA = torch.device("cpu" if INTERPRET else "cuda")
@@ -150,6 +153,151 @@ def test_sum_nonfinite_rows():
     inf, nan = float("inf"), float("nan")
     x[0, 17], x[1, 4000], x[2, 5], x[2, 6], x[3, 9] = inf, -inf, inf, -inf, nan
     assert mismatches(t_reduce.exact_sum(x.to(CUDA)), r_reduce.exact_sum(x.to(CUDA))) == 0
+
+
+# --- global L2 norm (gradient clipping) and the exact gradient reduction (app/reduction.py) ---
+
+def specials(dtype=torch.float32) -> torch.Tensor:
+    """Non-finite, huge, tiny, subnormal and signed-zero values, and ExactSum's edges: 2^24 and 2^-97."""
+    inf, nan = float("inf"), float("nan")
+    v = [nan, inf, -inf, 3.4028235e38, -3.4028235e38, 1e-45, -1e-45, 1.1754942e-38, 0.0, -0.0, 2.0 ** 24,
+         -2.0 ** 24, 2.0 ** 24 - 1, -(2.0 ** 24 - 1), 2.0 ** -97, -2.0 ** -97, 3 * 2.0 ** -98, -3 * 2.0 ** -98,
+         2.0 ** -100, -2.0 ** -100, 2.0 ** -96, 5 * 2.0 ** -97]
+    return torch.tensor(v, dtype=torch.float32).to(dtype)
+
+
+# the elements planted into a list's last non-empty tensor (NaN wins over inf, inf over every finite value)
+L2_PLANTS = {"none": [], "finite": [3, 4, 5, 6, 7, 9], "inf": [2, 3, 5], "nan": [0, 1, 2, 7]}
+L2_LISTS = [[(1, 1)], [(7, 33), (1000,), (0,), (3, 4097), (5,)], [(0, 3), (257,), (2, 0)], [(0,), (0, 5)],
+            pytest.param([(4096, 4096), (50257, 768), (11, 1_000_003), (0,), (3,)], marks=gpu_only)]
+
+
+@pytest.mark.parametrize("plant", list(L2_PLANTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "mixed"], ids=str)
+@pytest.mark.parametrize("shapes", L2_LISTS, ids=lambda s: "+".join("x".join(map(str, t)) for t in s))
+def test_global_l2_norm(shapes, dtype, plant):
+    ts = [wide(sh, "l2", shapes, i).to(torch.bfloat16 if dtype == "mixed" and i % 2 else
+                                      torch.float32 if dtype == "mixed" else dtype) for i, sh in enumerate(shapes)]
+    full = [t for t in ts if t.numel()]
+    if L2_PLANTS[plant] and full:
+        x = full[-1].view(-1)
+        v = specials(x.dtype)[L2_PLANTS[plant]][: x.numel()]
+        x[: v.numel()] = v
+    assert_same({"y": t_reduce.global_l2_norm([t.to(CUDA) for t in ts])},
+                {"y": r_reduce.global_l2_norm([t.to(CUDA) for t in ts])}, {"y": r_reduce.global_l2_norm(ts)})
+
+
+def test_global_l2_norm_empty_list_raises():
+    with pytest.raises(ValueError, match="empty"):
+        t_reduce.global_l2_norm([])
+
+
+def xsum_partials(shape, k, *tag) -> list[torch.Tensor]:
+    """k partial gradients in ExactSum's range (|g| mostly 2^-40 .. 2^22), the specials planted in the first
+    and negated in the second (inf - inf, exact cancellation, ties of the grid rounding)."""
+    parts = [wide(shape, "xsum", shape, *tag, i) * 2.0 ** -10 for i in range(k)]
+    sp = specials()
+    if parts[0].numel() >= sp.numel():
+        parts[0].view(-1)[: sp.numel()] = sp
+        if k > 1:
+            parts[1].view(-1)[: sp.numel()] = -sp
+    return parts
+
+
+def xsum_state(s, scale: float) -> dict[str, torch.Tensor]:
+    """An accumulator's result, then (after shared(), which flushes a pending partial) its limbs, bad, result."""
+    out = {"y": s.result(scale)}
+    limbs, bad = s.shared()
+    out.update({"limbs": limbs.clone(), "bad": bad.clone(), "y_shared": s.result(scale)})
+    return out
+
+
+XSUM_SHAPES = [(1, 1), (7, 33), (1000,), (3, 4097), (0, 4), pytest.param((4096, 11264), marks=gpu_only)]
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.0 / 3, 1.0 / 12], ids=str)
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("shape", XSUM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_exact_sum_fused(shape, k, scale):
+    from app.reduction import ExactSum
+
+    parts = xsum_partials(shape, k, k)
+
+    def run(dev, ops):
+        s = ExactSum(shape, dev, ops)
+        assert (s._fused is not None) == (ops is not None)
+        for p in parts:
+            s.add(p.to(dev))
+        return xsum_state(s, scale)
+
+    assert_same(run(CUDA, TRITON), run(CUDA, None), run("cpu", None))
+
+
+@pytest.mark.parametrize("shape", [(7, 33), (3, 4097), pytest.param((4096, 11264), marks=gpu_only)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_exact_sum_fused_merge_and_of_shared(shape):
+    from app.reduction import ExactSum
+
+    parts = xsum_partials(shape, 6, "merge")
+
+    def run(dev, ops):
+        a, b, c = (ExactSum(shape, dev, ops) for _ in range(3))
+        for p in parts[:2]:
+            a.add(p.to(dev))
+        b.add(parts[2].to(dev))  # pending: flushed by the merge
+        for p in parts[3:]:
+            c.add(p.to(dev))
+        b.merge(c)
+        a.merge(b)
+        out = {"merged_" + k: v for k, v in xsum_state(a, 1.0 / 6).items()}
+        limbs, bad = a.shared()
+        t = ExactSum.of_shared(limbs.clone(), bad.clone(), ops)
+        t.add(parts[0].to(dev))  # an accumulator over given buffers takes further partials in place
+        out.update({"of_shared_" + k: v for k, v in xsum_state(t, 1.0 / 7).items()})
+        return out
+
+    assert_same(run(CUDA, TRITON), run(CUDA, None), run("cpu", None))
+
+
+def test_exact_sum_fused_result_of_unnormalized_limbs():
+    """Crafted sums: float32 ties (and ties -+1 grid unit) at every magnitude 2^0 .. 2^94 of the grid, both signs,
+    held in digits as many partials leave them (a negative low digit, carries up to 2^61). The carry
+    normalization and the fixed float64 chain decide these roundings (double rounding included)."""
+    from app.reduction import ExactSum
+
+    vals = [sg * ((((1 << 24) + 1) << t) + d) for t in range(95) for d in (-1, 0, 1) for sg in (1, -1)]
+    n = len(vals)
+    a = (philox.random_bits(seed("limbs", "a"), 0, n) % (1 << 22)).tolist()
+    b = (philox.random_bits(seed("limbs", "b"), 0, n) % (1 << 22)).tolist()
+    rows = []
+    for v, ai, bi in zip(vals, a, b):
+        ai, bi = ai - (1 << 21), bi - (1 << 21)
+        n0, n1, n2 = v & ((1 << 40) - 1), (v >> 40) & ((1 << 40) - 1), v >> 80
+        rows.append([n0 + (ai << 40), n1 - ai + (bi << 40), n2 - bi])  # the same integer, un-normalized
+    limbs = torch.tensor(rows, dtype=torch.int64).T.contiguous()
+    bad = torch.zeros(n, dtype=torch.float64)
+    bad[::97] = float("inf")
+
+    def run(dev, ops):
+        return {f"y{i}": ExactSum.of_shared(limbs.to(dev), bad.to(dev), ops).result(sc)
+                for i, sc in enumerate((1.0, 1.0 / 3, 2.0 ** 40))}
+
+    assert_same(run(CUDA, TRITON), run(CUDA, None), run("cpu", None))
+
+
+def test_reduce_gradients_exact_fused():
+    from app.config import Topology
+    from app.reduction import mesh_order, reduce_gradients
+
+    topo, accum = Topology(2, 1), 2
+    shapes = {"w": (7, 33), "b": (257,), "e": (0, 4), "s": (1,)}
+    parts = {k: xsum_partials(sh, topo.world * accum, "rg", k) for k, sh in shapes.items()}
+
+    def run(dev, ops):
+        ps = ((c, {k: p[i].to(dev) for k, p in parts.items()}) for i, c in enumerate(mesh_order(topo, accum)))
+        return reduce_gradients(ps, topo, accum, "exact", ops=ops)
+
+    assert_same(run(CUDA, TRITON), run(CUDA, None), run("cpu", None))
 
 
 # --- layer ops ---

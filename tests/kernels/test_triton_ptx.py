@@ -19,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from kernels.triton import adamw, elementary, reduce, rmsnorm, rope, softmax, statehash, swiglu  # noqa: E402
 from kernels.triton import attention, contraction, embedding, hadamard, int8_linear, intmm  # noqa: E402
-from kernels.triton import loss, rotated_mm  # noqa: E402
+from kernels.triton import exactsum, loss, rotated_mm  # noqa: E402
 from kernels.triton.launch import BR_OPTIONS  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -61,6 +61,16 @@ KERNELS = {
                    dict(HAS_SCALE=True, S_POW2=4)),
     "sum_row": (reduce._row_kernel, {"x_ptr": P32, "out_ptr": P32, "n": "i32", "top": "i32", "scale_bits": "i64"},
                 dict(HAS_SCALE=True, BLOCK=2048)),
+    "l2_stats": (reduce._l2_stats_kernel, {"x_ptr": "*bf16", "amax_ptr": P64, "bad_ptr": P64, "n": "i32",
+                                           "span": "i32"}, dict(BLOCK=1024)),
+    "l2_sum": (reduce._l2_sum_kernel, {"x_ptr": P32, "s_ptr": I64, "part_ptr": I64, "n": "i32", "span": "i32"},
+               dict(BLOCK=1024)),
+    "exactsum_accumulate": (exactsum._accumulate_kernel, {"g_ptr": P32, "limbs_ptr": I64, "bad_ptr": P64, "n": "i32"},
+                            dict(FRESH=False, BLOCK=1024)),
+    "exactsum_result_limbs": (exactsum._result_kernel, {"src_ptr": I64, "bad_ptr": P64, "out_ptr": P32, "n": "i32",
+                                                        "scale_bits": "i64"}, dict(PENDING=False, BLOCK=1024)),
+    "exactsum_result_pending": (exactsum._result_kernel, {"src_ptr": P32, "bad_ptr": P64, "out_ptr": P32, "n": "i32",
+                                                          "scale_bits": "i64"}, dict(PENDING=True, BLOCK=1024)),
     "rmsnorm_fwd": (rmsnorm._forward_kernel, {"x_ptr": P32, "w_ptr": P32, "y_ptr": P32, "rstd_ptr": P32, "D": "i32",
                                               "top": "i32", "inv_bits": "i64", "eps": "fp32"},
                     dict(HAS_W=True, BLOCK=2048)),
@@ -214,3 +224,13 @@ def test_float64_constants_are_the_references_doubles(compiled):
     for v in (E.LOG2E, E.LN2_HI, E.LN2_LO, E._INV_FACT[13], E._INV_FACT[3], 709.9):
         assert _double_hex(v) in text, v
     assert _double_hex(float(struct.unpack("<f", struct.pack("<f", 709.9))[0])) not in text  # a float32-rounded bound
+
+
+def test_exact_reductions_round_and_truncate_as_the_reference(compiled):
+    for name in ("l2_sum", "exactsum_accumulate", "exactsum_result_pending"):
+        assert "cvt.rni.f64.f64" in compiled[name], name    # round half to even (torch.round)
+    assert "cvt.rzi.s64.f64" in compiled["exactsum_accumulate"]  # the digits by truncation (torch.trunc)
+    # the single partial's grid integer + 0.0 (a -0.0 becomes +0.0) survives compilation
+    assert re.search(r"add\.rn\.f64\s+%\w+, %\w+, 0d0000000000000000;", compiled["exactsum_result_pending"])
+    for c in (2.0 ** 96, 2.0 ** -96, 2.0 ** 80, 2.0 ** -80, 2.0 ** 40, 2.0 ** -40):  # the grid's exact powers
+        assert _double_hex(c) in compiled["exactsum_accumulate"] + compiled["exactsum_result_limbs"], c

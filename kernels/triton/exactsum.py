@@ -1,0 +1,113 @@
+"""Fused Triton kernels of app/reduction.py's ExactSum (the "exact" gradient reduction): the same bits.
+
+`accumulate` is ExactSum._grid + _accumulate in one pass: limbs[0..2] += the three sign-keeping 40-bit
+digits of round(g * 2^96) for in-range elements, and bad += x * inf for the others. `result` is
+ExactSum.result: the grid-rounded single pending partial, or the carry-normalized limbs, through the same
+fixed chain of float64 operations, times the host double `scale`, rounded once to float32.
+
+Elementwise where the eager code branches: _grid touches `bad` only when some element is out of range.
+Here each element's stand-in is added only where that element is out of range; for the other elements
+the eager branch adds +0.0, which leaves every value `bad` can hold (+0, +-inf, NaN) as it was.
+Every operation on the digits is exact, so any exact formulation gives the eager integers.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton.ieee import INF, isfinite, rint
+from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton  # noqa: F401  (on_triton: ExactSum's test)
+from kernels.triton.reduce import _double_bits
+
+# the definition lives in app/reduction.py (GRID, DIGIT, LIMIT); kernels must not import app
+GRID = 96  # fixed-point grid 2^-GRID
+DIGIT = tl.constexpr(40)  # bits per limb digit
+LIMIT = tl.constexpr(16777216.0)  # 2^(3 * DIGIT - GRID) = 2^24: larger magnitudes go to `bad`
+# exact powers of two from integers (no host pow); each is a float32 constant exactly, widened exactly
+UP, DOWN = tl.constexpr(float(1 << GRID)), tl.constexpr(1.0 / float(1 << GRID))
+M80, M40 = tl.constexpr(float(1 << 80)), tl.constexpr(float(1 << 40))
+D80, D40 = tl.constexpr(1.0 / float(1 << 80)), tl.constexpr(1.0 / float(1 << 40))
+BLOCK = 1024
+
+
+@triton.jit
+def _in_range(x):
+    """Elements that go on the grid (finite, |x| < 2^24); the rest become `bad` stand-ins (x * inf)."""
+    return isfinite(x) & (tl.abs(x) < LIMIT)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _accumulate_kernel(g_ptr, limbs_ptr, bad_ptr, n, FRESH: tl.constexpr, BLOCK: tl.constexpr):
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    on = idx < n
+    i1 = idx + n  # limbs[1] and limbs[2] (int64: 2 * n may pass 2^31)
+    i2 = i1 + n
+    x = tl.load(g_ptr + idx, mask=on, other=0.0).to(tl.float64)
+    ok = _in_range(x)
+    out = on & ~ok  # bad is read and written only where an element is out of range (in place)
+    tl.store(bad_ptr + idx, tl.load(bad_ptr + idx, mask=out, other=0.0) + x * INF, mask=out)
+    r = rint(tl.where(ok, x, 0.0) * UP)  # the one rounding; |r| < 2^120
+    # digits by truncation keep r's sign (float -> int64 conversion truncates; |r * 2^-80| < 2^40), and
+    # each remainder is exact: the same integers as the eager trunc chain (a zero's sign cannot reach them)
+    d2 = (r * D80).to(tl.int64)
+    r = r - d2.to(tl.float64) * M80
+    d1 = (r * D40).to(tl.int64)
+    d0 = (r - d1.to(tl.float64) * M40).to(tl.int64)
+    if not FRESH:  # FRESH: the limbs are new (torch.empty); 0 + d is d
+        d0 += tl.load(limbs_ptr + idx, mask=on, other=0)
+        d1 += tl.load(limbs_ptr + i1, mask=on, other=0)
+        d2 += tl.load(limbs_ptr + i2, mask=on, other=0)
+    tl.store(limbs_ptr + idx, d0, mask=on)
+    tl.store(limbs_ptr + i1, d1, mask=on)
+    tl.store(limbs_ptr + i2, d2, mask=on)
+
+
+@triton.jit(do_not_specialize=["n", "scale_bits"])
+def _result_kernel(src_ptr, bad_ptr, out_ptr, n, scale_bits, PENDING: tl.constexpr, BLOCK: tl.constexpr):
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    on = idx < n
+    bad = tl.load(bad_ptr + idx, mask=on, other=0.0)
+    if PENDING:  # src is the one partial: its grid integer (+ 0.0: an integer zero has no sign)
+        x = tl.load(src_ptr + idx, mask=on, other=0.0).to(tl.float64)
+        ok = _in_range(x)
+        bad = tl.where(ok, bad, bad + x * INF)
+        v = rint(tl.where(ok, x, 0.0) * UP) + 0.0
+    else:  # src is the limbs [3, n]: carry-normalize to 0 <= l0, l1 < 2^40 (arithmetic shifts are floors)
+        l0 = tl.load(src_ptr + idx, mask=on, other=0)
+        l1 = tl.load(src_ptr + (idx + n), mask=on, other=0)  # int64 offsets: 2 * n may pass 2^31
+        l2 = tl.load(src_ptr + (idx + n + n), mask=on, other=0)
+        c = l0 >> DIGIT
+        l0 = l0 - (c << DIGIT)
+        l1 = l1 + c
+        c = l1 >> DIGIT
+        l1 = l1 - (c << DIGIT)
+        l2 = l2 + c
+        v = (l2.to(tl.float64) * M80 + l1.to(tl.float64) * M40) + l0.to(tl.float64)  # products exact
+    v = (v * DOWN) * scale_bits.to(tl.int64).to(tl.float64, bitcast=True)  # the host double, bit for bit
+    tl.store(out_ptr + idx, tl.where(isfinite(bad), v, bad).to(tl.float32), mask=on)
+
+
+def accumulate(g: torch.Tensor, limbs: torch.Tensor, bad: torch.Tensor, fresh: bool = False) -> None:
+    """ExactSum._accumulate(g) in place on contiguous int64 `limbs` [3, *shape] and float64 `bad` [*shape].
+
+    `fresh`: the limbs hold garbage (torch.empty) and are written, not added to.
+    """
+    n = bad.numel()
+    if g.numel() != n or limbs.numel() != 3 * n:
+        raise ValueError(f"exactsum.accumulate: g {tuple(g.shape)}, limbs {tuple(limbs.shape)} and bad "
+                         f"{tuple(bad.shape)} do not match")
+    if n:
+        _accumulate_kernel[(cdiv(n, BLOCK),)](g.contiguous(), limbs, bad, n, FRESH=fresh, BLOCK=BLOCK, **BR_OPTIONS)
+
+
+def result(src: torch.Tensor, bad: torch.Tensor, scale: float, pending: bool) -> torch.Tensor:
+    """ExactSum.result(scale) as float32 [*bad.shape]: from the single pending partial `src` (pending=True)
+    or from the int64 limbs `src` [3, *shape]. Does not touch `bad` (the eager path's update of it there is
+    added again when the partial is flushed: x + c + c == x + c for every stand-in c)."""
+    out = torch.empty(bad.shape, dtype=torch.float32, device=bad.device)
+    n = bad.numel()
+    if n:
+        _result_kernel[(cdiv(n, BLOCK),)](src.contiguous(), bad.contiguous(), out, n, _double_bits(scale),
+                                          PENDING=pending, BLOCK=BLOCK, **BR_OPTIONS)
+    return out
