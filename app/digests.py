@@ -1,13 +1,25 @@
-"""Tensor digests as kernels.digest defines them (same values): on CPU tensors hashed without copies and on
-several threads; on CUDA tensors hashed on the GPU (kernels/triton/statehash.py, the standard BLAKE3 tree),
-so only 32-byte digests cross to the host."""
+"""Tensor digests on the state's device: on CPU hashed without copies and on several threads; on CUDA hashed on
+the GPU (kernels/triton/statehash.py, the standard BLAKE3 tree), so only 32-byte digests cross to the host.
+
+Two kinds:
+- `tensor_digest` / `digest_many`: kernels.digest's definitions (blake3 of "dtype|shape|" + bytes), same values.
+- `raw_digests` / `named_digest`: what the stage digests and the state hash use. A tensor's raw digest is blake3
+  of its little-endian bytes alone (no header: on the GPU the bytes are hashed where they lie, no staging
+  copy); dtype and shape are bound next to it in the enclosing serialization:
+      named_digest = blake3(b"open-1b-tensors/1" | per name, sorted by UTF-8 bytes:
+                            u32 len(name) | name | u32 len(dtype) | dtype | u32 ndim | u64 dim... | raw digest)
+  A `DigestMemo` lets the state hash reuse the raw digests the step's stage digests already computed.
+"""
 from __future__ import annotations
 
 import functools
+import struct
 
 import blake3
 import numpy as np
 import torch
+
+NAMED_FORMAT = b"open-1b-tensors/1"
 
 
 def le_array(t: torch.Tensor) -> np.ndarray:
@@ -50,4 +62,62 @@ def digest_many(named: dict[str, torch.Tensor]) -> str:
     h = blake3.blake3()
     for name in sorted(named):
         h.update(name.encode() + b"\0" + tensor_digest(named[name]).encode())
+    return h.hexdigest()
+
+
+def _host_raw(t: torch.Tensor) -> bytes:
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # the digest does not depend on the thread count
+    arr = le_array(t)
+    if arr.nbytes:
+        h.update(memoryview(arr).cast("B"))
+    return h.digest()
+
+
+def raw_digests(tensors: list[torch.Tensor]) -> list[bytes]:
+    """blake3 of each tensor's raw little-endian bytes (32 bytes each); CUDA tensors hashed on their device
+    together, with one transfer of the digests per device."""
+    out: list[bytes | None] = [None] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if gpu_hasher(t) is not None:
+            by_device.setdefault(t.device, []).append(i)
+        else:
+            out[i] = _host_raw(t)
+    for idx in by_device.values():
+        for i, d in zip(idx, _gpu_blake3().raw_digests([tensors[i] for i in idx])):
+            out[i] = d
+    return out  # type: ignore[return-value]
+
+
+class DigestMemo:
+    """Raw digests computed during one step, by tensor identity, for the state hash of that step's end state.
+
+    Valid only while nothing writes the tensors: Triton kernels that write in place do not bump torch's version
+    counter, so this is no cache across steps. It holds the tensors, so an id is never reused while it lives."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[torch.Tensor, bytes]] = {}
+
+    def digests(self, tensors: list[torch.Tensor]) -> list[bytes]:
+        missing = list({id(t): t for t in tensors if id(t) not in self._known}.values())
+        for t, d in zip(missing, raw_digests(missing)):
+            self._known[id(t)] = (t, d)
+        return [self._known[id(t)][1] for t in tensors]
+
+
+def tensor_head(t: torch.Tensor) -> bytes:
+    """u32 len(dtype) | dtype | u32 ndim | u64 dim...: what binds a raw digest to its tensor's type and shape."""
+    dt = str(t.dtype).removeprefix("torch.").encode()
+    return (struct.pack("<I", len(dt)) + dt + struct.pack("<I", t.dim())
+            + b"".join(struct.pack("<Q", int(s)) for s in t.shape))
+
+
+def named_digest(named: dict[str, torch.Tensor], memo: DigestMemo | None = None) -> str:
+    """The stage digest of several named tensors (module doc), hex."""
+    names = sorted(named, key=lambda s: s.encode())
+    raw = (memo or DigestMemo()).digests([named[k] for k in names])
+    h = blake3.blake3(NAMED_FORMAT)
+    for k, d in zip(names, raw):
+        nb = k.encode()
+        h.update(struct.pack("<I", len(nb)) + nb + tensor_head(named[k]) + d)
     return h.hexdigest()

@@ -58,6 +58,9 @@ def clip(grads: dict[str, torch.Tensor], max_norm: float, ops=REF
     names = sorted(grads)
     norm = ops.reduce.global_l2_norm([grads[k] for k in names])
     coef = clip_coefficient(norm, max_norm)
+    if float(coef) == 1.0 and math.isfinite(float(norm)):
+        # a finite norm means every element is finite, and x * 1.0 is x bit for bit: skip a pass over the grads
+        return norm, coef, {k: grads[k] for k in names}
     return norm, coef, {k: grads[k] * coef for k in names}
 
 

@@ -1,19 +1,22 @@
 """The state hash and the hash chain: blake3 over a canonical serialization of the complete training state.
 
-Serialization (format `open-1b-state/1`), one entry per name, entries sorted by their UTF-8 name bytes:
+Serialization (format `open-1b-state/2`), one entry per name, entries sorted by their UTF-8 name bytes:
     u32 len(name) | name | u8 kind                                    (kind 0: tensor, 1: bytes)
-    tensor: u32 len(dtype) | dtype (e.g. "bfloat16") | u32 ndim | u64 dim... | u64 nbytes | bytes
+    tensor: u32 len(dtype) | dtype (e.g. "bfloat16") | u32 ndim | u64 dim... | u64 nbytes | blake3(bytes)
     bytes:  u64 len | bytes
-All integers little-endian; tensor bytes are the elements in C order, little-endian (kernels.digest).
+All integers little-endian; a tensor's bytes are its elements in C order, little-endian (kernels.digest), and
+enter through their 32-byte blake3 digest (app.digests.raw_digests): a two-level tree, so each tensor is hashed
+where it lies (on the GPU, in parallel, no staging copy) and the digests the step's stage digests computed are
+reused (DigestMemo) instead of hashing the same bytes twice.
 Entries: `param/<name>` (bf16 masters, float32 activation steps), `m/<name>`, `v/<name>` (float32 Adam
 moments), `grad/<name>` (the step's post-clip float32 gradients), and `meta/code_version`, `meta/config`
 (canonical JSON), `meta/counters` ({"adam_step", "step", "tokens"}), `meta/spike` (the spike protocol),
 `meta/stream` (the stream state at the next step's first window, canonical JSON).
-    state_t = blake3(b"open-1b-state/1" | entries)
+    state_t = blake3(b"open-1b-state/2" | entries)
     chain_t = blake3(chain_{t-1} | state_t)        (raw 32-byte digests; chain_{-1} = 32 zero bytes)
 The chain of the initial state (step -1: init params, zero moments and grads) anchors every run.
-On CUDA the same bytes are laid out in one device buffer and hashed there (kernels/triton/statehash.py):
-the digest is identical, and only 32 bytes reach the host.
+On CUDA the tensor digests are computed on the device (kernels/triton/statehash.py): the digest is identical,
+and only 32 bytes per tensor reach the host.
 """
 from __future__ import annotations
 
@@ -24,10 +27,10 @@ from pathlib import Path
 import blake3
 import torch
 
-from app.digests import gpu_hasher, le_array
+from app.digests import DigestMemo, tensor_head
 from app.step import TrainState
 
-FORMAT = b"open-1b-state/1"
+FORMAT = b"open-1b-state/2"
 ZERO = bytes(32)
 # the files whose text defines the bits of a run (kernels, stream, and the app's bit path)
 CODE_GLOBS = ("kernels/ref/*.py", "kernels/digest.py", "stream/*.py", "collectives/treefold.py", "app/config.py", "app/digests.py", "app/params.py",
@@ -52,29 +55,14 @@ def canonical_json(obj) -> bytes:
 
 
 def _tensor_head(name: str, t: torch.Tensor) -> bytes:
-    """An entry's bytes before the tensor's: name, kind 0, dtype, shape, byte count."""
+    """An entry's bytes before the tensor's digest: name, kind 0, dtype, shape, byte count."""
     nb = name.encode()
-    dt = str(t.dtype).removeprefix("torch.").encode()
-    head = struct.pack("<I", len(nb)) + nb + b"\0" + struct.pack("<I", len(dt)) + dt + struct.pack("<I", t.dim())
-    head += b"".join(struct.pack("<Q", int(s)) for s in t.shape)
-    return head + struct.pack("<Q", t.numel() * t.element_size())
+    return struct.pack("<I", len(nb)) + nb + b"\0" + tensor_head(t) + struct.pack("<Q", t.numel() * t.element_size())
 
 
 def _bytes_head(name: str, data: bytes) -> bytes:
     nb = name.encode()
     return struct.pack("<I", len(nb)) + nb + b"\1" + struct.pack("<Q", len(data))
-
-
-def _pieces(entries: dict[str, object]) -> list:
-    """The serialization (module doc) as a list of host bytes and tensors, in order."""
-    out: list = [FORMAT]
-    for name in sorted(entries, key=lambda s: s.encode()):
-        v = entries[name]
-        if isinstance(v, torch.Tensor):
-            out += [_tensor_head(name, v), v]
-        else:
-            out += [_bytes_head(name, v) + v]
-    return out
 
 
 def state_entries(state: TrainState, config_json: str, code: str, stream_state: dict) -> dict[str, object]:
@@ -94,45 +82,20 @@ def state_entries(state: TrainState, config_json: str, code: str, stream_state: 
     return out
 
 
-def _host_hash(pieces: list) -> bytes:
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # the digest does not depend on the thread count
-    for p in pieces:
-        if isinstance(p, torch.Tensor):
-            arr = le_array(p)
-            if arr.nbytes:
-                h.update(memoryview(arr).cast("B"))
+def state_hash(entries: dict[str, object], memo: DigestMemo | None = None) -> bytes:
+    """blake3 (raw 32 bytes) of the canonical serialization of `entries` (module doc); tensor digests on the
+    tensors' device, taken from `memo` where the step already computed them."""
+    names = sorted(entries, key=lambda s: s.encode())
+    tensors = [entries[k] for k in names if isinstance(entries[k], torch.Tensor)]
+    digests = iter((memo or DigestMemo()).digests(tensors))
+    h = blake3.blake3(FORMAT)
+    for name in names:
+        v = entries[name]
+        if isinstance(v, torch.Tensor):
+            h.update(_tensor_head(name, v) + next(digests))
         else:
-            h.update(p)
+            h.update(_bytes_head(name, v) + v)
     return h.digest()
-
-
-def _device_hash(pieces: list, gpu) -> bytes:
-    """The same bytes laid out in one device buffer (tensors copied device-to-device), hashed on the GPU."""
-    device = next(p.device for p in pieces if isinstance(p, torch.Tensor))
-    host = b"".join(p for p in pieces if not isinstance(p, torch.Tensor))
-    host_dev = torch.frombuffer(bytearray(host), dtype=torch.uint8).to(device)
-    sizes = [p.numel() * p.element_size() if isinstance(p, torch.Tensor) else len(p) for p in pieces]
-    n = sum(sizes)
-    buf = torch.zeros((n + 3) // 4 * 4, dtype=torch.uint8, device=device)
-    at = hat = 0
-    for p, size in zip(pieces, sizes):
-        if isinstance(p, torch.Tensor):
-            if p.device != device:
-                raise ValueError(f"state_hash: tensors on {device} and {p.device}; hash one device's state")
-            buf[at:at + size] = p.detach().contiguous().reshape(-1).view(torch.uint8)  # CUDA is little-endian
-        else:
-            buf[at:at + size] = host_dev[hat:hat + size]
-            hat += size
-        at += size
-    return gpu.blake3_words(buf.view(torch.int32), n).cpu().numpy().astype("<i4").tobytes()
-
-
-def state_hash(entries: dict[str, object]) -> bytes:
-    """blake3 (raw 32 bytes) of the canonical serialization of `entries` (module doc), on the state's device."""
-    pieces = _pieces(entries)
-    first = next((p for p in pieces if isinstance(p, torch.Tensor)), None)
-    gpu = gpu_hasher(first) if first is not None else None
-    return _device_hash(pieces, gpu) if gpu is not None else _host_hash(pieces)
 
 
 def chain(prev: bytes, state: bytes) -> bytes:

@@ -9,9 +9,11 @@ bits a cluster of that shape computes.
 
 Stage digests (the hash log's `digests`, what a replay uses to say which stage diverged): `forward`, the
 microbatches' float32 (loss, ce, z) rows sorted by their windows; `backward`, blake3 over
-"windows:digest_many(partial gradients);" sorted by windows; `reduced` and `clipped`, digest_many of the
-reduced and post-clip gradients; `optimizer`, digest_many of the updated parameters and both moments.
-Keyed by windows, not mesh position, they name the same work under any topology.
+"windows:named_digest(partial gradients);" sorted by windows; `reduced` and `clipped`, named_digest of the
+reduced and post-clip gradients; `optimizer`, named_digest of the updated parameters and both moments
+(app/digests.py). Keyed by windows, not mesh position, they name the same work under any topology. The raw
+tensor digests behind `clipped` and `optimizer` are the end state's: the result's `memo` hands them to the
+state hash, so a step hashes each tensor's bytes once.
 
 Real data parallelism (app/ray_train.py): `run_step(..., group=g)` with a real group of g.world ranks and a
 topology R x S with R * S == g.world; this process (rank r = replica * S + shard) computes only the
@@ -36,7 +38,7 @@ import torch
 
 import stream
 from app.config import RunConfig, Topology
-from app.digests import digest_many, tensor_digest
+from app.digests import DigestMemo, named_digest, tensor_digest
 from app.errors import ConfigError
 from app.model import forward, rope_for
 from app.optim import SpikeState, adamw_update, clip, spike_decision
@@ -86,6 +88,7 @@ class StepResult:
     digests: dict[str, str]
     digest_seconds: float
     expert_load: dict[str, list[int]]
+    memo: DigestMemo | None = field(default=None, compare=False, repr=False)  # for state_hash(..., memo)
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, 
             load[layer] = load[layer] + counts if layer in load else counts
         if partial_digests is not None:
             t0 = time.perf_counter()
-            partial_digests.append((wins, digest_many(g)))
+            partial_digests.append((wins, named_digest(g)))
             hash_time[0] += time.perf_counter() - t0
         yield coord, g
 
@@ -241,14 +244,17 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     state.step += 1
     state.tokens += (hi - lo) * ctx.cfg.model.seq_len
     digests = {}
+    memo = DigestMemo()
     t0 = time.perf_counter()
     if t.stage_digests and (sharded is None or sharded.writer):
         backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(partial_digests)).encode()).hexdigest()
-        digests = {"forward": tensor_digest(per_mb), "backward": backward, "reduced": digest_many(reduced),
-                   "clipped": digest_many(clipped), "optimizer": digest_many(
+        # an unclipped step's `clipped` holds the very tensors of `reduced`: the memo hashes them once
+        digests = {"forward": tensor_digest(per_mb), "backward": backward, "reduced": named_digest(reduced, memo),
+                   "clipped": named_digest(clipped, memo), "optimizer": named_digest(
                        {**{f"param/{k}": v for k, v in state.params.items()},
-                        **{f"m/{k}": v for k, v in state.m.items()}, **{f"v/{k}": v for k, v in state.v.items()}})}
+                        **{f"m/{k}": v for k, v in state.m.items()}, **{f"v/{k}": v for k, v in state.v.items()}},
+                       memo)}
     return StepResult(step, (lo, hi), topology.label(), accum, float(means[0]), float(means[1]), float(means[2]),
                       float(norm), float(coef), lr, applied, triggered, digests,
                       time.perf_counter() - t0 + hash_time[0],
-                      {k: [int(c) for c in v.tolist()] for k, v in load.items()})
+                      {k: [int(c) for c in v.tolist()] for k, v in load.items()}, memo)

@@ -201,7 +201,7 @@ class Trainer:
         if not self.writer:  # nothing to log; on HSDP this rank does not even hold the full state
             return {"step": step, "loss": r.loss}, t1 - t0, r.digest_seconds
         sdig = state_hash(state_entries(self.state, self.config_json, self.code,
-                                        self.stream.state_for_step(step + 1, self.ctx.batch)))
+                                        self.stream.state_for_step(step + 1, self.ctx.batch)), r.memo)
         self.prev = chain(self.prev, sdig)
         self.last_state_hash = sdig.hex()
         t2 = time.perf_counter()

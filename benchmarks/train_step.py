@@ -49,9 +49,9 @@ def bench_ref(cfg, steps: int) -> dict:
     step_s, hash_s = [], []
     for i in range(steps + 1):
         t0 = time.perf_counter()
-        run_step(st, toks[i * mb:(i + 1) * mb], Topology(), ctx)
+        r = run_step(st, toks[i * mb:(i + 1) * mb], Topology(), ctx)
         t1 = time.perf_counter()
-        state_hash(state_entries(st, cj, code, {"window": i}))
+        state_hash(state_entries(st, cj, code, {"window": i}), r.memo)
         t2 = time.perf_counter()
         if i:  # the first step warms caches and allocators
             step_s.append(t1 - t0)

@@ -124,7 +124,7 @@ def replay_step(state: TrainState, r: _Run, ctx: StepContext, topology: Topology
     lo, hi = ctx.batch.window_range(step)
     tokens = torch.from_numpy(r.stream.windows(lo, hi)).to(torch.int64).to(ctx.device)
     res = run_step(state, tokens, topology, ctx)
-    sdig = state_hash(state_entries(state, r.config_json, r.code, r.stream_state(step + 1, ctx.batch)))
+    sdig = state_hash(state_entries(state, r.config_json, r.code, r.stream_state(step + 1, ctx.batch)), res.memo)
     return res, sdig, chain(prev, sdig)
 
 

@@ -2,7 +2,9 @@
 
 The stream is cut into BLAKE3's 1 KiB chunks; one lane hashes one chunk (16 compressions of 64-byte
 blocks, chunk counter = chunk index); parent nodes are merged level by level, adjacent pairs with an
-odd last node carried up, which is exactly BLAKE3's left-complete tree. All arithmetic is uint32 adds,
+odd last node carried up, which is exactly BLAKE3's left-complete tree. A program merges an aligned group
+of 256 nodes through 8 levels in place (such a group is a subtree of that tree), so a 1 GiB input takes
+4 launches (2^20 chunks -> 4096 -> 16 -> 1) and no host synchronization. All arithmetic is uint32 adds,
 xors and rotations, so the result is `blake3.blake3(bytes).digest()` on every device. `tensor_digest`
 and `digest_many` give kernels.digest's digests without copying tensors to the host.
 """
@@ -156,34 +158,51 @@ def _chunk_kernel(w_ptr, cv_ptr, n_bytes, n_chunks, IS_ROOT: tl.constexpr, LANES
     tl.store(out + 7, h7.to(tl.int32, bitcast=True), mask=live)
 
 
+GROUP = 256  # tree nodes merged by one program: 8 levels per launch
+
+
 @triton.jit(do_not_specialize=["n"])
-def _parent_kernel(cv_in, cv_out, n, IS_ROOT: tl.constexpr, LANES: tl.constexpr):
-    """One tree level: node i = parent(2i, 2i+1), or node 2i carried up when it has no right sibling."""
-    i = tl.program_id(0).to(tl.int64) * LANES + tl.arange(0, LANES)
-    live = 2 * i < n
-    pair = 2 * i + 1 < n
-    left = cv_in + 2 * i * 8
-    m0, m1, m2, m3 = _word(left, 0, live), _word(left, 1, live), _word(left, 2, live), _word(left, 3, live)
-    m4, m5, m6, m7 = _word(left, 4, live), _word(left, 5, live), _word(left, 6, live), _word(left, 7, live)
-    m8, m9, m10, m11 = _word(left, 8, pair), _word(left, 9, pair), _word(left, 10, pair), _word(left, 11, pair)
-    m12, m13, m14, m15 = _word(left, 12, pair), _word(left, 13, pair), _word(left, 14, pair), _word(left, 15, pair)
-    zero = tl.zeros([LANES], tl.uint32)
-    flags = 12 if IS_ROOT else 4  # PARENT, | ROOT for the last merge
-    g0, g1, g2, g3, g4, g5, g6, g7 = _compress(tl.full([LANES], IV0, tl.uint32), tl.full([LANES], IV1, tl.uint32),
-                                               tl.full([LANES], IV2, tl.uint32), tl.full([LANES], IV3, tl.uint32),
-                                               tl.full([LANES], IV4, tl.uint32), tl.full([LANES], IV5, tl.uint32),
-                                               tl.full([LANES], IV6, tl.uint32), tl.full([LANES], IV7, tl.uint32),
-                                               m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-                                               zero, zero, zero + 64, zero + flags)
-    out = cv_out + i * 8
-    tl.store(out + 0, tl.where(pair, g0, m0).to(tl.int32, bitcast=True), mask=live)
-    tl.store(out + 1, tl.where(pair, g1, m1).to(tl.int32, bitcast=True), mask=live)
-    tl.store(out + 2, tl.where(pair, g2, m2).to(tl.int32, bitcast=True), mask=live)
-    tl.store(out + 3, tl.where(pair, g3, m3).to(tl.int32, bitcast=True), mask=live)
-    tl.store(out + 4, tl.where(pair, g4, m4).to(tl.int32, bitcast=True), mask=live)
-    tl.store(out + 5, tl.where(pair, g5, m5).to(tl.int32, bitcast=True), mask=live)
-    tl.store(out + 6, tl.where(pair, g6, m6).to(tl.int32, bitcast=True), mask=live)
-    tl.store(out + 7, tl.where(pair, g7, m7).to(tl.int32, bitcast=True), mask=live)
+def _group_kernel(cv, out, n, IS_ROOT: tl.constexpr, GROUP: tl.constexpr, LOG_GROUP: tl.constexpr):
+    """Levels of the tree over n chaining values, GROUP of them per program merged into one (out[pid]).
+
+    Level by level in place over the program's slice of `cv`: node i = parent(2i, 2i+1), or node 2i carried
+    up when it has no right sibling; an aligned power-of-two group is a subtree of BLAKE3's left-complete
+    tree, so its levels are the tree's. The merge of the last two nodes of the whole input is the root."""
+    g = tl.program_id(0).to(tl.int64)
+    base = cv + g * GROUP * 8
+    cnt = tl.minimum(n - g * GROUP, GROUP)  # live nodes at this level
+    i = tl.arange(0, GROUP // 2)
+    zero = tl.zeros([GROUP // 2], tl.uint32)
+    for _ in range(LOG_GROUP):
+        live = 2 * i < cnt
+        pair = 2 * i + 1 < cnt
+        left = base + 2 * i * 8
+        m0, m1, m2, m3 = _word(left, 0, live), _word(left, 1, live), _word(left, 2, live), _word(left, 3, live)
+        m4, m5, m6, m7 = _word(left, 4, live), _word(left, 5, live), _word(left, 6, live), _word(left, 7, live)
+        m8, m9, m10, m11 = _word(left, 8, pair), _word(left, 9, pair), _word(left, 10, pair), _word(left, 11, pair)
+        m12, m13, m14 = _word(left, 12, pair), _word(left, 13, pair), _word(left, 14, pair)
+        m15 = _word(left, 15, pair)
+        flags = zero + (4 | tl.where(cnt == 2, 8 if IS_ROOT else 0, 0)).to(tl.uint32)  # PARENT (| ROOT, last merge)
+        g0, g1, g2, g3, g4, g5, g6, g7 = _compress(tl.full([GROUP // 2], IV0, tl.uint32), tl.full([GROUP // 2], IV1, tl.uint32),
+                                                   tl.full([GROUP // 2], IV2, tl.uint32), tl.full([GROUP // 2], IV3, tl.uint32),
+                                                   tl.full([GROUP // 2], IV4, tl.uint32), tl.full([GROUP // 2], IV5, tl.uint32),
+                                                   tl.full([GROUP // 2], IV6, tl.uint32), tl.full([GROUP // 2], IV7, tl.uint32),
+                                                   m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14,
+                                                   m15, zero, zero, zero + 64, flags)
+        tl.debug_barrier()  # every node of this level is read before any is overwritten in place
+        node = base + i * 8
+        tl.store(node + 0, tl.where(pair, g0, m0).to(tl.int32, bitcast=True), mask=live)
+        tl.store(node + 1, tl.where(pair, g1, m1).to(tl.int32, bitcast=True), mask=live)
+        tl.store(node + 2, tl.where(pair, g2, m2).to(tl.int32, bitcast=True), mask=live)
+        tl.store(node + 3, tl.where(pair, g3, m3).to(tl.int32, bitcast=True), mask=live)
+        tl.store(node + 4, tl.where(pair, g4, m4).to(tl.int32, bitcast=True), mask=live)
+        tl.store(node + 5, tl.where(pair, g5, m5).to(tl.int32, bitcast=True), mask=live)
+        tl.store(node + 6, tl.where(pair, g6, m6).to(tl.int32, bitcast=True), mask=live)
+        tl.store(node + 7, tl.where(pair, g7, m7).to(tl.int32, bitcast=True), mask=live)
+        tl.debug_barrier()  # the level is written (visible to the whole program) before the next reads it
+        cnt = (cnt + 1) // 2
+    w = tl.arange(0, 8)
+    tl.store(out + g * 8 + w, tl.load(base + w))
 
 
 def _words(data: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -197,17 +216,34 @@ def _words(data: torch.Tensor) -> tuple[torch.Tensor, int]:
     return padded.view(torch.int32), n
 
 
-def blake3_words(words: torch.Tensor, n_bytes: int) -> torch.Tensor:
-    """BLAKE3 of the first n_bytes of int32 `words` (zero beyond them), as 8 int32 words on the device."""
+def blake3_words(words: torch.Tensor, n_bytes: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """BLAKE3 of the first n_bytes of int32 `words` (zero beyond them), as 8 int32 words on the device
+    (written into `out` when given). No host synchronization: launches only."""
     n_chunks = max(cdiv(n_bytes, CHUNK), 1)
     cv = torch.empty(n_chunks * 8, dtype=torch.int32, device=words.device)
     _chunk_kernel[(cdiv(n_chunks, LANES),)](words, cv, n_bytes, n_chunks, IS_ROOT=n_chunks == 1, LANES=LANES)
     n = n_chunks
     while n > 1:
-        nxt = torch.empty(cdiv(n, 2) * 8, dtype=torch.int32, device=words.device)
-        _parent_kernel[(cdiv(cdiv(n, 2), LANES),)](cv, nxt, n, IS_ROOT=n == 2, LANES=LANES)
-        cv, n = nxt, cdiv(n, 2)
-    return cv[:8]
+        nxt = torch.empty(cdiv(n, GROUP) * 8, dtype=torch.int32, device=words.device)
+        _group_kernel[(cdiv(n, GROUP),)](cv, nxt, n, IS_ROOT=n <= GROUP, GROUP=GROUP,
+                                         LOG_GROUP=GROUP.bit_length() - 1, num_warps=4)
+        cv, n = nxt, cdiv(n, GROUP)
+    if out is None:
+        return cv[:8]
+    out.copy_(cv[:8])
+    return out
+
+
+def raw_digests(tensors: list[torch.Tensor]) -> list[bytes]:
+    """The 32-byte BLAKE3 digest of each tensor's raw bytes, computed on the device, one transfer for all."""
+    if not tensors:
+        return []
+    out = torch.empty((len(tensors), 8), dtype=torch.int32, device=tensors[0].device)
+    for i, t in enumerate(tensors):
+        words, n = _words(t)
+        blake3_words(words, n, out[i])
+    host = out.cpu().numpy().astype("<i4")
+    return [host[i].tobytes() for i in range(len(tensors))]
 
 
 def blake3_digest(data: torch.Tensor) -> bytes:

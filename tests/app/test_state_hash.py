@@ -40,7 +40,7 @@ def _independent_hash(st: TrainState, cfg: str, code: str, stream_state: dict) -
                 np.dtype(f"<i{v.element_size()}")).tobytes()
             h.update(struct.pack("<I", len(nb)) + nb + bytes([0]) + struct.pack("<I", len(dt)) + dt
                      + struct.pack("<I", v.dim()) + b"".join(struct.pack("<Q", s) for s in v.shape)
-                     + struct.pack("<Q", len(raw)) + raw)
+                     + struct.pack("<Q", len(raw)) + blake3.blake3(raw).digest())
         else:
             h.update(struct.pack("<I", len(nb)) + nb + bytes([1]) + struct.pack("<Q", len(v)) + v)
     return h.digest()
@@ -87,3 +87,17 @@ def test_fast_digests_equal_the_kernels_definition():
     named = {"w": torch.linspace(-1, 1, 7921).to(torch.bfloat16).reshape(89, 89), "s": torch.tensor(0.5),
              "e": torch.zeros(0, 3), "i": torch.arange(5)}
     assert fast(named) == ref(named)
+
+
+def test_memo_reuses_the_steps_digests_and_named_digest_binds_dtype_and_shape():
+    from app.digests import DigestMemo, named_digest
+
+    st = _state()
+    memo = DigestMemo()
+    named_digest({f"m/{k}": v for k, v in st.m.items()}, memo)
+    entries = state_entries(st, "{}", "c", {})
+    assert state_hash(entries, memo) == state_hash(entries)
+    w = torch.arange(6, dtype=torch.float32)
+    base = named_digest({"w": w})
+    assert base != named_digest({"w": w.reshape(2, 3)}) and base != named_digest({"w": w.view(torch.int32)})
+    assert base != named_digest({"x": w}) and base == named_digest({"w": w.clone()})

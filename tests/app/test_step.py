@@ -22,7 +22,7 @@ def _run(cfg, topo: Topology, steps: int = 2) -> list[tuple[dict, str]]:
     for _ in range(steps):
         lo, hi = ctx.batch.window_range(st.step)
         r = run_step(st, torch.from_numpy(s.windows(lo, hi)).to(torch.int64), topo, ctx)
-        rec = {k: v for k, v in r.__dict__.items() if k not in ("topology", "accum", "digest_seconds")}
+        rec = {k: v for k, v in r.__dict__.items() if k not in ("topology", "accum", "digest_seconds", "memo")}
         out.append((rec, state_hash(state_entries(st, "{}", "c", {})).hex()))
     return out
 

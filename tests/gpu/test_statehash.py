@@ -45,3 +45,15 @@ def test_state_hash_on_device_equals_host():
     assert state_hash(on_gpu) == state_hash(entries)
     tensors = {k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}
     assert app_digest_many({k: v.cuda() for k, v in tensors.items()}) == app_digest_many(tensors)
+
+
+def test_raw_and_named_digests_on_device_equal_host():
+    """app.digests' stage digests and raw digests: CUDA (one batched device pass) == CPU."""
+    from app.digests import DigestMemo, named_digest, raw_digests
+
+    named = {"w": philox.normal(SEED, 4, (1025, 333)), "b16": philox.normal(SEED, 5, (3, 1)).to(torch.bfloat16),
+             "big": torch.randint(0, 256, (130 * 1024 * 1024 + 7,), dtype=torch.uint8), "none": torch.zeros(0, 4)}
+    on_gpu = {k: v.cuda() for k, v in named.items()}
+    assert raw_digests(list(on_gpu.values())) == [blake3.blake3(digest.tensor_bytes(v)).digest() for v in named.values()]
+    memo = DigestMemo()
+    assert named_digest(on_gpu, memo) == named_digest(named) == named_digest(on_gpu, memo)

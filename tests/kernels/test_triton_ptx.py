@@ -97,8 +97,8 @@ KERNELS = {
                                         "k_ptr": P32, "n": "i32"}, dict(BLOCK=1024)),
     "blake3_chunk": (statehash._chunk_kernel, {"w_ptr": I32, "cv_ptr": I32, "n_bytes": "i64", "n_chunks": "i64"},
                      dict(IS_ROOT=False, LANES=128)),
-    "blake3_parent": (statehash._parent_kernel, {"cv_in": I32, "cv_out": I32, "n": "i64"},
-                      dict(IS_ROOT=False, LANES=128)),
+    "blake3_group": (statehash._group_kernel, {"cv": I32, "out": I32, "n": "i64"},
+                     dict(IS_ROOT=False, GROUP=256, LOG_GROUP=8)),
 }
 
 GEMM_SIG = {"a_ptr": I8, "b_ptr": I8, "out_ptr": P32, "M": "i32", "N": "i32", "K": "i32", "s_ab": "i32", "s_am": "i32",
