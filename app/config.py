@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import ConfigError
+from kernels.ref.loss import TOKEN_BLOCK
 
 REDUCTIONS = ("exact", "ordered")
 
@@ -65,7 +66,7 @@ class ModelConfig:
     init_std: float = 0.02  # truncated normal, no depth or width scaling (OLMo 2)
     init_bound: float = 2.0  # truncation at +-2 sigma
     pv_block: int = 64  # keys per int8 block of attention's P.V (kernels.ref.attention)
-    loss_chunk: int = 1024  # tokens per chunk of the fused CE + z-loss (a multiple of 128)
+    loss_chunk: int = 1024  # tokens per chunk of the fused CE + z-loss (a multiple of TOKEN_BLOCK, 1024)
     moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
@@ -88,9 +89,10 @@ class ModelConfig:
         _float(self.init_std, "model.init_std", 0.0, 1.0, lo_open=True)
         _float(self.init_bound, "model.init_bound", 0.0, 10.0, lo_open=True)
         _int(self.pv_block, "model.pv_block", 1, 1024)
-        _int(self.loss_chunk, "model.loss_chunk", 128)
-        if self.loss_chunk % 128:
-            raise ConfigError(f"model.loss_chunk: must be a multiple of 128, got {self.loss_chunk}")
+        _int(self.loss_chunk, "model.loss_chunk", TOKEN_BLOCK)
+        if self.loss_chunk % TOKEN_BLOCK:
+            raise ConfigError(f"model.loss_chunk: must be a multiple of {TOKEN_BLOCK} (the loss's dW block), "
+                              f"got {self.loss_chunk}")
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             raise ConfigError(f"model.moe: expected a MoEConfig or None, got {type(self.moe).__name__}")
 

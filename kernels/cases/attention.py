@@ -71,5 +71,6 @@ CASES: list[Case] = [
     _attention_case(1, 2, 2, 33, 8, causal=False, pv_block=8),
     _loss_case(7, 11, 8),
     _loss_case(33, 257, 16, z_weight=1e-2),
-    _loss_case(130, 1000, 32, chunk=128),
+    _loss_case(130, 1000, 32),
+    _loss_case(1100, 300, 16, chunk=1024 * 2),
 ]

@@ -23,7 +23,9 @@ from kernels.ref.softmax import shifted_exp
 
 F32 = torch.float32
 F64 = torch.float64
-TOKEN_BLOCK = 128  # the dW contraction unit: part of the op's definition, `chunk` must be a multiple
+TOKEN_BLOCK = 1024  # the dW contraction unit: part of the op's definition, `chunk` must be a multiple
+# (1024, not smaller: each block ends in a float32 rounding and a float64 add per dW element, which a fast
+# kernel pays per block; at 1024 tokens that epilogue is cheap next to the block's contraction)
 
 
 def _chunk_pass(h, w, targets, valid, z2, need_h, need_w):

@@ -26,11 +26,6 @@ F64 = torch.float64
 ROW_BLOCK = 2048
 
 
-def _dw_config() -> dict:
-    """dW tiles: a float64 running sum rides along the three int32 accumulators, so BN = 32 (no spills)."""
-    return hp.config() if INTERPRET else dict(BM=128, BN=32, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
-
-
 @triton.jit(do_not_specialize=["V", "top", "ignore_index"])
 def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2,
                 NEED_G: tl.constexpr, BLOCK: tl.constexpr):
@@ -86,18 +81,20 @@ def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2,
 @triton.jit
 def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, V, D, NB, Kp, sa, sb,
                SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-    """dw64 [V, D] += float64(hp(g_blk^T, h_blk)) for the chunk's token blocks, in ascending order."""
+    """dw64 [V, D] += float64(hp(g_blk^T, h_blk)) for the chunk's token blocks, in ascending order.
+
+    The float64 running sum is read and written around each block's contraction rather than held through it,
+    so the tile carries only the int32 slice accumulators (the contraction's tile shape, hp.config)."""
     rm, rn = hp.tile_rows(tl.program_id(0), V, D, BM, BN, GROUP_M)
     a_live, b_live = rm < V, rn < D
     am, bn = tl.where(a_live, rm, 0).to(tl.int64), tl.where(b_live, rn, 0).to(tl.int64)
     out = dw_ptr + rm[:, None].to(tl.int64) * D + rn[None, :]
     om = a_live[:, None] & b_live[None, :]
-    acc = tl.load(out, mask=om, other=0.0)
     for blk in range(0, NB):
         y = hp.hp_tile(ga_ptr, hb_ptr, blk * V + am, blk * D + bn, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr,
                        a_live, b_live, False, SLICES, BM, BN, BK)  # K = one token block
-        acc = acc + y.to(tl.float64)  # the block's float32 product, added in float64: the reference's order
-    tl.store(out, acc, mask=om)
+        acc = tl.load(out, mask=om, other=0.0)
+        tl.store(out, acc + y.to(tl.float64), mask=om)  # the block's float32 product, added in float64 in order
 
 
 def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n32, c0, c1, need_h, need_w):
@@ -120,7 +117,7 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n3
         # g^T and h per token block: row v (or d) of block b holds tokens b*TB.. of the chunk
         ga = hp.split(buf, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n_c)
         hb = hp.split(hc, nb * d, tb, hc.stride(1), hc.stride(0), batch_rows=d, s_batch=tb * hc.stride(0), lim=n_c)
-        cfg = _dw_config()
+        cfg = hp.config(ga.q.shape[0])
         grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
         _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64, v, d, nb, ga.q.shape[2], ga.q.stride(0),
                          hb.q.stride(0), SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)

@@ -247,7 +247,7 @@ def _loss_inputs(name, n, v, d, every=5):
                                       (40, 50, 8, 0.5)])
 def test_loss_matches_float64(n, v, d, zw):
     h, w, t = _loss_inputs(f"ce{n}{v}", n, v, d)
-    loss, ce, z = cross_entropy_zloss(h, w, t, z_weight=zw, chunk=128)
+    loss, ce, z = cross_entropy_zloss(h, w, t, z_weight=zw, chunk=TOKEN_BLOCK)
     loss.backward()
     h64, w64 = _leaf(h.detach().double()), _leaf(w.detach().double())
     l64, ce64, z64 = _loss64(h64, w64, t, zw)
@@ -260,9 +260,9 @@ def test_loss_matches_float64(n, v, d, zw):
 
 
 def test_loss_bits_do_not_depend_on_chunk():
-    h, w, t = _loss_inputs("cechunk", 300, 97, 16)
+    h, w, t = _loss_inputs("cechunk", 2 * TOKEN_BLOCK + 300, 97, 16)  # 3, 2 and 1 chunks, the last partial
     outs = []
-    for chunk in (TOKEN_BLOCK, 2 * TOKEN_BLOCK, 1024):
+    for chunk in (TOKEN_BLOCK, 2 * TOKEN_BLOCK, 3 * TOKEN_BLOCK):
         hh, ww = _leaf(h), _leaf(w)
         loss, ce, z = cross_entropy_zloss(hh, ww, t, chunk=chunk)
         loss.backward(torch.tensor(0.37))
