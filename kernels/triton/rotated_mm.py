@@ -1,8 +1,9 @@
 """Triton twin of kernels/ref/rotated_mm.py: int8 GEMM with a block Walsh-Hadamard rotation along C.
 
 One kernel per operand rotates and quantizes in two passes over its rows (the row's int8 step needs the
-largest rotated magnitude first): each pass zeroes non-finite values, runs the reference's butterflies
-(kernels/triton/hadamard.butterfly) and takes |max|; the second pass divides by the step (div_rn, as the
+largest rotated magnitude first): the first zeroes non-finite values, runs the reference's butterflies
+(kernels/triton/hadamard.butterfly), takes |max| and parks the rotated rows in a float32 scratch; the
+second reads them back and divides by the step (div_rn, as the
 reference's tensor division), rounds half to even and clamps. Both codes land K-contiguous and zero-padded
 to a multiple of 16 (zeros add nothing), and the shared int8 GEMM (kernels/triton/intmm.gemm) dequantizes
 in the reference's order ((float32(acc) * step_a[r]) * step_b[s]) * (1/b).
@@ -52,10 +53,13 @@ def _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride,
 
 
 @triton.jit(do_not_specialize=["rows", "C"])
-def _rotate_quantize_kernel(src_ptr, s_row, s_col, rows, C, Kp, pre_ptr, pre_stride, q_ptr, step_ptr, bad_ptr,
-                            PRE: tl.constexpr, ROTATE: tl.constexpr, L: tl.constexpr, LOG_L: tl.constexpr,
-                            R: tl.constexpr):
-    """Rows of an operand (elements along C at src + r s_row + c s_col) -> int8 codes [rows, Kp], step, bad."""
+def _rotate_quantize_kernel(src_ptr, s_row, s_col, rows, C, Kp, pre_ptr, pre_stride, q_ptr, step_ptr, bad_ptr, tmp_ptr,
+                            PRE: tl.constexpr, ROTATE: tl.constexpr, CACHE: tl.constexpr, L: tl.constexpr,
+                            LOG_L: tl.constexpr, R: tl.constexpr):
+    """Rows of an operand (elements along C at src + r s_row + c s_col) -> int8 codes [rows, Kp], step, bad.
+
+    CACHE: the first pass parks its rotated rows in tmp [rows, Kp] (float32, contiguous) and the second reads
+    them back, instead of loading (strided, maybe dequantizing) and rotating every block a second time."""
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     live = r < rows
     amax = tl.zeros([R], tl.float32)
@@ -64,12 +68,21 @@ def _rotate_quantize_kernel(src_ptr, s_row, s_col, rows, C, Kp, pre_ptr, pre_str
         v, b = _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride, PRE, ROTATE, L, LOG_L, R)
         amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))
         bad = bad | b
+        if CACHE:
+            c = c0 + tl.arange(0, L)
+            tl.store(tmp_ptr + r[:, None] * Kp + c[None, :], v, mask=live[:, None] & (c < Kp)[None, :])
     step = div_rn(amax, tl.full([R], 127.0, tl.float32))  # amax / 127: a tensor division, correctly rounded
     step = tl.where(step > 0, step, 1.0)
+    if CACHE:
+        tl.debug_barrier()  # the load below may lay the tile out over other threads than the store did
     for c0 in range(0, Kp, L):
-        v, b = _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride, PRE, ROTATE, L, LOG_L, R)
-        q = code8(div_rn(v, tl.broadcast_to(step[:, None], v.shape)))
         c = c0 + tl.arange(0, L)
+        if CACHE:
+            v = tl.load(tmp_ptr + r[:, None] * Kp + c[None, :], mask=live[:, None] & (c < Kp)[None, :], other=0.0)
+        else:
+            v, b = _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride, PRE, ROTATE, L, LOG_L,
+                                  R)
+        q = code8(div_rn(v, tl.broadcast_to(step[:, None], v.shape)))
         tl.store(q_ptr + r[:, None] * Kp + c[None, :], q.to(tl.int8), mask=live[:, None] & (c < Kp)[None, :])
     tl.store(step_ptr + r, step, mask=live)
     tl.store(bad_ptr + r, bad, mask=live)
@@ -96,10 +109,12 @@ def rotate_quantize(src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int
         return q, step, bad
     length = block if block else PLAIN_L
     r = max(1, TILE // length)
+    cache = block is not None  # rotated rows are worth parking; plain ones are one load away
+    tmp = torch.empty((rows, kp) if cache else (1,), dtype=F32, device=dev)
     _rotate_quantize_kernel[(cdiv(rows, r),)](
         src, s_row, s_col, rows, c, kp, pre if pre is not None else step,
-        (0 if pre.dim() == 0 else pre.stride(0)) if pre is not None else 0, q, step, bad,
-        PRE=pre is not None, ROTATE=block is not None, L=length, LOG_L=length.bit_length() - 1, R=r,
+        (0 if pre.dim() == 0 else pre.stride(0)) if pre is not None else 0, q, step, bad, tmp,
+        PRE=pre is not None, ROTATE=block is not None, CACHE=cache, L=length, LOG_L=length.bit_length() - 1, R=r,
         num_warps=8, **BR_OPTIONS)
     return q, step, bad
 
