@@ -1,6 +1,6 @@
 """Training throughput on one GPU: stock PyTorch bf16 vs our step (reference backend, Triton backend), one run.
 
-    python3 benchmarks/train_throughput.py [--layers 4] [--seq-len 2048] [--batch 4] [--steps 5] [--arms ...]
+    python3 benchmarks/train_throughput.py [--layers 4] [--seq-len 2048] [--batch 4] [--accum 1] [--steps 5] [--arms ...]
 
 The shape is a proxy of open-1b (report table 2): the same per-layer shapes (d 2048, 16/4 heads x 128,
 FFN 5632, vocab 128,256, sliding window 512 with a global layer every 5th and last) and fewer layers.
@@ -10,7 +10,14 @@ Every arm trains on the same token ids (random, seeded: speed does not depend on
   the sliding-window mask, fused AdamW, clip_grad_norm_: what a lab would run without our contract;
 - `ref`, `triton`: app.step.run_step (int8 QAT linears, BR attention and loss, exact reduction, clip,
   AdamW on bf16 masters, stage digests) through kernels.ref or the Triton twins, plus the state hash
-  (on the GPU, kernels/triton/statehash.py), i.e. everything the trainer does per step but the log write.
+  (on the GPU, kernels/triton/statehash.py), i.e. everything the trainer does per step but the log write;
+- `triton-nohash`: the Triton arm with stage digests off and no state hash. Hashing's share of the step is
+  1 - (triton-nohash step / triton step), measured, not summed from host timers (a digest's host timer would
+  also count the queued GPU work it waits for).
+
+A step is `--accum` microbatches of `--batch` windows (gradient accumulation, as the report's protocol:
+OPEN-1B ran 4 windows of 4,096 tokens per microbatch, 6 microbatches per GPU per step in its main phase);
+hashing is per optimizer step, so its share falls as the step grows.
 
 MFU counts 6 x (non-embedding parameters) plus the attention matmuls (fwd + bwd, causal and windowed key
 counts) per token against the H200's dense bf16 peak (989 TFLOP/s). Prints a table, writes JSON
@@ -35,7 +42,7 @@ from app.config import ModelConfig, Topology  # noqa: E402
 from app.presets import OPEN_1B  # noqa: E402
 
 PEAK_BF16 = 989.4e12  # H200 SXM dense bf16 tensor-core peak, FLOP/s
-ARMS = ("stock", "ref", "triton")
+ARMS = ("stock", "ref", "triton", "triton-nohash")
 
 
 def proxy(layers: int, seq_len: int) -> ModelConfig:
@@ -67,15 +74,14 @@ def _timed(fn, batches: list[torch.Tensor], warmup: int) -> dict:
     for i, b in enumerate(batches):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        extra = fn(b)
+        fn(b)
         torch.cuda.synchronize()
         if i >= warmup:
-            times.append((time.perf_counter() - t0, extra or 0.0))
-    return {"step_s": statistics.median(t for t, _ in times), "hash_s": statistics.median(h for _, h in times),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+            times.append(time.perf_counter() - t0)
+    return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
-def bench_stock(c: ModelConfig, batches, warmup: int) -> dict:
+def bench_stock(c: ModelConfig, batches, warmup: int, accum: int) -> dict:
     from benchmarks.stock_model import StockModel
 
     torch.manual_seed(0)
@@ -84,9 +90,10 @@ def bench_stock(c: ModelConfig, batches, warmup: int) -> dict:
     fwd = torch.compile(model)
 
     def step(ids):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(ids)
-        loss.backward()
+        for micro in ids.chunk(accum):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fwd(micro)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -97,23 +104,21 @@ def bench_stock(c: ModelConfig, batches, warmup: int) -> dict:
     return out
 
 
-def bench_ours(c: ModelConfig, batch: int, batches, warmup: int, backend: str) -> dict:
+def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str, hashing: bool = True) -> dict:
     from app.init import init_params
     from app.state_hash import canonical_json, code_version, state_entries, state_hash
     from app.step import StepContext, TrainState, run_step
 
-    cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": batch, "train.batch_phases": ((1 << 50, batch),),
-                             "train.heldout_windows": 0})
+    cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": batch, "train.batch_phases": ((1 << 50, batch * accum),),
+                             "train.heldout_windows": 0, "train.stage_digests": hashing})
     ctx = StepContext.build(cfg, "cuda", backend=backend)
     st = TrainState.fresh(init_params(c, cfg.train.seed, ctx.device))
     code, cj = code_version(), canonical_json(cfg.to_dict()).decode()
 
     def step(ids):
         r = run_step(st, ids, Topology(), ctx)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        state_hash(state_entries(st, cj, code, {"window": st.step}))
-        return r.digest_seconds + time.perf_counter() - t0
+        if hashing:
+            state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
 
     out = _timed(step, batches, warmup)
     del st, ctx
@@ -125,7 +130,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--batch", type=int, default=4, help="windows per step (one microbatch)")
+    ap.add_argument("--batch", type=int, default=4, help="windows per microbatch")
+    ap.add_argument("--accum", type=int, default=1, help="microbatches per optimizer step")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per arm")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, autotuning)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
@@ -135,24 +141,27 @@ def main(argv=None) -> int:
         print("train_throughput: needs a CUDA GPU", file=sys.stderr)
         return 2
     c = proxy(args.layers, args.seq_len)
-    batches = token_batches(c, args.batch, args.warmup + args.steps)
-    tokens, fpt = args.batch * c.seq_len, flops_per_token(c)
+    batches = token_batches(c, args.batch * args.accum, args.warmup + args.steps)
+    tokens, fpt = args.batch * args.accum * c.seq_len, flops_per_token(c)
     rows = []
     for arm in args.arms:
         t0 = time.time()
         try:
-            r = bench_stock(c, batches, args.warmup) if arm == "stock" else \
-                bench_ours(c, args.batch, batches, args.warmup, arm)
+            r = bench_stock(c, batches, args.warmup, args.accum) if arm == "stock" else \
+                bench_ours(c, args.batch, args.accum, batches, args.warmup, arm.removesuffix("-nohash"),
+                           hashing=not arm.endswith("-nohash"))
         except Exception as e:  # noqa: BLE001 - one failing arm must not hide the others' numbers
             print(f"{arm}: failed: {type(e).__name__}: {e}", flush=True)
             rows.append({"arm": arm, "error": f"{type(e).__name__}: {e}"})
             continue
-        r.update(arm=arm, tok_s=tokens / r["step_s"], mfu=tokens * fpt / r["step_s"] / PEAK_BF16,
-                 hash_share=r["hash_s"] / r["step_s"], wall_s=time.time() - t0)
+        r.update(arm=arm, tok_s=tokens / r["step_s"], mfu=tokens * fpt / r["step_s"] / PEAK_BF16, wall_s=time.time() - t0)
         rows.append(r)
         print(f"{arm}: {r}", flush=True)
     base = next((r for r in rows if r["arm"] == "stock" and "error" not in r), None)
-    print(f"\nopen-1b proxy: {c.n_layers} layers, T {c.seq_len}, {args.batch} windows/step ({tokens:,} tokens), "
+    ok = {r["arm"]: r for r in rows if "error" not in r}
+    if "triton" in ok and "triton-nohash" in ok:
+        ok["triton"]["hash_share"] = 1 - ok["triton-nohash"]["step_s"] / ok["triton"]["step_s"]
+    print(f"\nopen-1b proxy: {c.n_layers} layers, T {c.seq_len}, {args.accum} x {args.batch} windows/step ({tokens:,} tokens), "
           f"{fpt / 1e9:.2f} GFLOP/token\n")
     print("| arm | step s | tok/s | MFU (bf16 peak) | stock / arm | hash share | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
@@ -160,11 +169,12 @@ def main(argv=None) -> int:
             print(f"| {r['arm']} | failed: {r['error'][:80]} | | | | | |")
             continue
         ratio = f"{base['tok_s'] / r['tok_s']:.2f}x" if base else "-"
+        share = f"{100 * r['hash_share']:.1f}%" if "hash_share" in r else "-"
         print(f"| {r['arm']} | {r['step_s']:.3f} | {r['tok_s']:,.0f} | {100 * r['mfu']:.1f}% | {ratio} | "
-              f"{100 * r['hash_share']:.1f}% | {r['peak_gib']:.1f} |")
+              f"{share} | {r['peak_gib']:.1f} |")
     meta = {"command": "benchmarks/train_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "layers": c.n_layers, "seq_len": c.seq_len, "batch": args.batch,
+            "torch": torch.__version__, "layers": c.n_layers, "seq_len": c.seq_len, "batch": args.batch, "accum": args.accum,
             "flops_per_token": fpt, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,138 @@
+"""Where a training step's GPU time goes: one `app.step.run_step` (+ the state hash) under torch.profiler.
+
+    python3 benchmarks/profile_step.py [--backend triton] [--layers 4] [--seq-len 2048] [--batch 4]
+
+The same open-1b proxy as benchmarks/train_throughput.py. Every op the forward calls through the backend
+namespace, every autograd backward node and the step's phases (reduction, clip, AdamW, stage digests, state
+hash) become profiler ranges; the table lists each range's GPU kernel time (summed over calls) and share of
+the step, then the heaviest kernels. GPU busy time against the wall clock says how much is launch overhead.
+Writes JSON (benchmarks/results/profile_step.json) and a Chrome trace next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.train_throughput import proxy, token_batches  # noqa: E402
+
+
+def _ranged(fn, name: str):
+    @functools.wraps(fn)
+    def inner(*a, **k):
+        with record_function(name):
+            return fn(*a, **k)
+    return inner
+
+
+class _Module:
+    """A backend module whose callables run inside a profiler range named `op:<module>.<name>`."""
+
+    def __init__(self, mod, name: str):
+        self._mod, self._name = mod, name
+
+    def __getattr__(self, attr: str):
+        v = getattr(self._mod, attr)
+        return _ranged(v, f"op:{self._name}.{attr}") if callable(v) and not isinstance(v, type) else v
+
+
+class Traced:
+    """An op namespace (kernels.backend) seen through profiler ranges."""
+
+    def __init__(self, ns):
+        self._ns = ns
+
+    def __getattr__(self, module: str):
+        return _Module(getattr(self._ns, module), module)
+
+
+def _phases() -> None:
+    """Profiler ranges around run_step's phases (names looked up in app.step at call time)."""
+    import app.step as s
+    for name in ("reduce_gradients", "clip", "adamw_update", "named_digest", "tensor_digest"):
+        setattr(s, name, _ranged(getattr(s, name), f"phase:{name}"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="triton", choices=("ref", "triton"))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile_step.json"))
+    args = ap.parse_args(argv)
+    from dataclasses import replace
+
+    from app.config import Topology
+    from app.init import init_params
+    from app.presets import OPEN_1B
+    from app.state_hash import canonical_json, code_version, state_entries, state_hash
+    from app.step import StepContext, TrainState, run_step
+
+    c = proxy(args.layers, args.seq_len)
+    cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": args.batch, "train.batch_phases": ((1 << 50, args.batch),),
+                             "train.heldout_windows": 0})
+    ctx = StepContext.build(cfg, "cuda", backend=args.backend)
+    ctx = replace(ctx, ops=Traced(ctx.ops))
+    _phases()
+    st = TrainState.fresh(init_params(c, cfg.train.seed, ctx.device))
+    code, cj = code_version(), canonical_json(cfg.to_dict()).decode()
+    batches = token_batches(c, args.batch, args.warmup + 1)
+
+    def step(ids):
+        r = run_step(st, ids, Topology(), ctx)
+        with record_function("phase:state_hash"):
+            state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
+
+    for b in batches[:-1]:
+        step(b)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step(batches[-1])
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out.with_suffix(".trace.json")))
+    events = prof.key_averages()
+    dev_us = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)  # noqa: E731
+    self_us = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
+    kernels = [e for e in events if self_us(e) > 0 and e.key.split(":")[0] not in ("op", "phase")]
+    busy = sum(self_us(e) for e in kernels) / 1e6
+    ranges = sorted((e for e in events if e.key.startswith(("op:", "phase:", "autograd::engine::evaluate_function"))),
+                    key=dev_us, reverse=True)
+    print(f"\n{args.backend} step, {c.n_layers} layers, T {c.seq_len}, {args.batch} windows: wall {wall:.3f} s, "
+          f"GPU kernels {busy:.3f} s ({100 * busy / wall:.0f}% busy)\n")
+    print("| range | calls | GPU ms | share of wall | CPU ms |\n| --- | --- | --- | --- | --- |")
+    rows = []
+    for e in ranges:
+        name = e.key.replace("autograd::engine::evaluate_function: ", "bwd:")
+        rows.append({"range": name, "calls": e.count, "gpu_ms": dev_us(e) / 1e3, "cpu_ms": e.cpu_time_total / 1e3})
+        print(f"| {name} | {e.count} | {dev_us(e) / 1e3:.2f} | {100 * dev_us(e) / 1e6 / wall:.1f}% | "
+              f"{e.cpu_time_total / 1e3:.1f} |")
+    print("\n| kernel | calls | GPU ms | share of wall |\n| --- | --- | --- | --- |")
+    top = []
+    for e in sorted(kernels, key=self_us, reverse=True)[:args.top]:
+        top.append({"kernel": e.key[:120], "calls": e.count, "gpu_ms": self_us(e) / 1e3})
+        print(f"| {e.key[:90]} | {e.count} | {self_us(e) / 1e3:.2f} | {100 * self_us(e) / 1e6 / wall:.1f}% |")
+    out.write_text(json.dumps({"backend": args.backend, "layers": c.n_layers, "seq_len": c.seq_len,
+                               "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy, "ranges": rows,
+                               "kernels": top, "gpu": torch.cuda.get_device_name()}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
