@@ -32,7 +32,7 @@ import torch
 from app.config import REDUCTIONS, Topology
 from app.errors import ConfigError
 from collectives.treefold import TreeFold
-from kernels import _TritonBackend
+from kernels import is_triton
 from kernels.ref.fixed import pow2
 
 F32, F64 = torch.float32, torch.float64
@@ -57,7 +57,7 @@ def _p2(e: int, device) -> torch.Tensor:
 
 def _fused_kernels(ops):
     """kernels.triton.exactsum when `ops` is the Triton backend (kernels.backend("triton")), else None."""
-    if not isinstance(ops, _TritonBackend):
+    if not is_triton(ops):
         return None
     from kernels.triton import exactsum  # lazy: triton is optional (the `gpu` extra)
 

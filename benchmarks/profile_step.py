@@ -15,6 +15,7 @@ import functools
 import json
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -52,7 +53,8 @@ class Traced:
         self._ns = ns
 
     def __getattr__(self, module: str):
-        return _Module(getattr(self._ns, module), module)
+        v = getattr(self._ns, module)
+        return _Module(v, module) if isinstance(v, types.ModuleType) else v  # e.g. the backend's `name`
 
 
 def _phases() -> None:

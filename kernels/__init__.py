@@ -16,6 +16,8 @@ BACKENDS = ("ref", "triton")
 class _TritonBackend(types.SimpleNamespace):
     """kernels.ref's module layout, each module the Triton twin where one exists (kernels.triton.TWINS)."""
 
+    name = "triton"  # what is_triton reads (a wrapper of the namespace, e.g. a profiler's, forwards it)
+
     def __getattr__(self, module: str):
         from kernels.triton import TWINS  # lazy: triton is optional (the `gpu` extra)
 
@@ -25,6 +27,11 @@ class _TritonBackend(types.SimpleNamespace):
         mod = importlib.import_module(f"{pkg}.{module}")
         setattr(self, module, mod)
         return mod
+
+
+def is_triton(ops) -> bool:
+    """True for the Triton backend's op namespace (or a wrapper that forwards its `name`)."""
+    return getattr(ops, "name", None) == "triton"
 
 
 def backend(name: str = "ref"):
