@@ -168,14 +168,26 @@ def specials(dtype=torch.float32) -> torch.Tensor:
 
 # the elements planted into a list's last non-empty tensor (NaN wins over inf, inf over every finite value)
 L2_PLANTS = {"none": [], "finite": [3, 4, 5, 6, 7, 9], "inf": [2, 3, 5], "nan": [0, 1, 2, 7]}
-L2_LISTS = [[(1, 1)], [(7, 33), (1000,), (0,), (3, 4097), (5,)], [(0, 3), (257,), (2, 0)], [(0,), (0, 5)],
-            pytest.param([(4096, 4096), (50257, 768), (11, 1_000_003), (0,), (3,)], marks=gpu_only)]
+L2_LISTS = [[(1, 1)], [(7, 33), (1000,), (0,), (3, 4097), (5,)], [(0, 3), (257,), (2, 0)], [(0,), (0, 5)]]
+L2_LARGE = [(4096, 4096), (50257, 768), (11, 1_000_003), (0,), (3,)]  # model-sized: several splits per tensor
 
 
 @pytest.mark.parametrize("plant", list(L2_PLANTS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "mixed"], ids=str)
 @pytest.mark.parametrize("shapes", L2_LISTS, ids=lambda s: "+".join("x".join(map(str, t)) for t in s))
 def test_global_l2_norm(shapes, dtype, plant):
+    check_l2(shapes, dtype, plant)
+
+
+# the large list once per plant kind that changes the path (finite extremes, NaN), not per dtype x plant:
+# its CPU inputs and reference take seconds each
+@gpu_only
+@pytest.mark.parametrize("dtype,plant", [("mixed", "finite"), (torch.float32, "nan")], ids=str)
+def test_global_l2_norm_large(dtype, plant):
+    check_l2(L2_LARGE, dtype, plant)
+
+
+def check_l2(shapes, dtype, plant) -> None:
     ts = [wide(sh, "l2", shapes, i).to(torch.bfloat16 if dtype == "mixed" and i % 2 else
                                       torch.float32 if dtype == "mixed" else dtype) for i, sh in enumerate(shapes)]
     full = [t for t in ts if t.numel()]
@@ -212,13 +224,24 @@ def xsum_state(s, scale: float) -> dict[str, torch.Tensor]:
     return out
 
 
-XSUM_SHAPES = [(1, 1), (7, 33), (1000,), (3, 4097), (0, 4), pytest.param((4096, 11264), marks=gpu_only)]
+XSUM_SHAPES = [(1, 1), (7, 33), (1000,), (3, 4097), (0, 4)]
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.0 / 3, 1.0 / 12], ids=str)
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("shape", XSUM_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_exact_sum_fused(shape, k, scale):
+    check_exact_sum(shape, k, scale)
+
+
+@gpu_only
+@pytest.mark.parametrize("k,scale", [(1, 1.0), (3, 1.0 / 12)], ids=str)
+def test_exact_sum_fused_large(k, scale):
+    """A model-sized gradient (the FFN's), the pending and the limbs paths once each (CPU inputs take seconds)."""
+    check_exact_sum((4096, 11264), k, scale)
+
+
+def check_exact_sum(shape, k, scale) -> None:
     from app.reduction import ExactSum
 
     parts = xsum_partials(shape, k, k)
