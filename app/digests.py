@@ -45,16 +45,20 @@ def gpu_hasher(t: torch.Tensor):
     return _gpu_blake3() if t.is_cuda else None
 
 
+def _host_blake3(t: torch.Tensor, head: bytes = b"") -> bytes:
+    """blake3 of `head` then the tensor's little-endian bytes, read in place, on several threads."""
+    h = blake3.blake3(head, max_threads=blake3.blake3.AUTO)  # the digest does not depend on the thread count
+    arr = le_array(t)
+    if arr.nbytes:
+        h.update(memoryview(arr).cast("B"))
+    return h.digest()
+
+
 def tensor_digest(t: torch.Tensor) -> str:
     """kernels.digest.tensor_digest's value, hashed without copying the bytes and on several threads."""
     if (gpu := gpu_hasher(t)) is not None:
         return gpu.tensor_digest(t)
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    h.update(f"{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
-    arr = le_array(t)
-    if arr.nbytes:
-        h.update(memoryview(arr).cast("B"))
-    return h.hexdigest()
+    return _host_blake3(t, f"{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode()).hex()
 
 
 def digest_many(named: dict[str, torch.Tensor]) -> str:
@@ -63,14 +67,6 @@ def digest_many(named: dict[str, torch.Tensor]) -> str:
     for name in sorted(named):
         h.update(name.encode() + b"\0" + tensor_digest(named[name]).encode())
     return h.hexdigest()
-
-
-def _host_raw(t: torch.Tensor) -> bytes:
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # the digest does not depend on the thread count
-    arr = le_array(t)
-    if arr.nbytes:
-        h.update(memoryview(arr).cast("B"))
-    return h.digest()
 
 
 def raw_digests(tensors: list[torch.Tensor]) -> list[bytes]:
@@ -82,7 +78,7 @@ def raw_digests(tensors: list[torch.Tensor]) -> list[bytes]:
         if gpu_hasher(t) is not None:
             by_device.setdefault(t.device, []).append(i)
         else:
-            out[i] = _host_raw(t)
+            out[i] = _host_blake3(t)
     for idx in by_device.values():
         for i, d in zip(idx, _gpu_blake3().raw_digests([tensors[i] for i in idx])):
             out[i] = d
