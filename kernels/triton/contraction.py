@@ -25,41 +25,87 @@ from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton
 F32 = torch.float32
 KS = tl.constexpr(65536)  # K-steps per int32 accumulation: 4 * 64 * 64 * 2^16 = 2^30 < 2^31
 SPLIT_R, SPLIT_K = 32, 128
+SPLIT_PROGRAMS = 1024  # programs worth launching for a split (~8 per H200 SM): K is cut into segments to reach it
 
 
-@triton.jit(do_not_specialize=["rows", "K", "RB", "lim"])
-def _split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, lim, Kp, q_ptr, e_ptr, bad_ptr,
-                  SLICES: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
-    """Row r = (batch b, row i) of an operand, element k at x + b s_batch + i s_row + k s_col, valid for
-    k < K and b K + k < lim -> slices [SLICES, rows, Kp] int8 (zero beyond K), exponent e [rows], bad [rows]."""
+@triton.jit
+def _split_load(base, b, k, live, K, lim, s_col):
+    """[R, BK] of the operand's rows as float64 (0 past K or lim)."""
+    m = live[:, None] & (k < K)[None, :] & ((b * K)[:, None] + k[None, :] < lim)
+    return tl.load(base[:, None] + k[None, :].to(tl.int64) * s_col, mask=m, other=0.0).to(tl.float64)
+
+
+@triton.jit
+def _split_stats(base, b, live, k_lo, k_hi, K, lim, s_col, R: tl.constexpr, BK: tl.constexpr):
+    """(largest finite |x|, any non-finite) per row over elements [k_lo, k_hi)."""
+    amax = tl.zeros([R, BK], tl.float64)
+    bad = tl.zeros([R], tl.int32)
+    for k0 in range(k_lo, k_hi, BK):
+        x = _split_load(base, b, k0 + tl.arange(0, BK), live, K, lim, s_col)
+        amax = tl.maximum(amax, finite_abs(x))
+        bad = bad | tl.max(tl.where(isfinite(x), 0, 1), axis=1)
+    return tl.max(amax, 1), bad
+
+
+@triton.jit(do_not_specialize=["rows", "K", "RB", "lim", "SEG"])
+def _split_stats_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, lim, SEG, part_ptr, badp_ptr,
+                        R: tl.constexpr, BK: tl.constexpr):
+    """The statistics of segment program_id(1) (SEG blocks of BK) of R rows -> part, badp [segments, rows]."""
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    seg = tl.program_id(1)
     live = r < rows
     b = r // RB
     base = x_ptr + b * s_batch + (r % RB) * s_row
-    amax = tl.zeros([R, BK], tl.float64)
-    bad = tl.zeros([R], tl.int32)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        m = live[:, None] & (k < K)[None, :] & ((b * K)[:, None] + k[None, :] < lim)
-        x = tl.load(base[:, None] + k[None, :].to(tl.int64) * s_col, mask=m, other=0.0).to(tl.float64)
-        amax = tl.maximum(amax, finite_abs(x))
-        bad = bad | tl.max(tl.where(isfinite(x), 0, 1), axis=1)
-    e = frexp_exponent(tl.max(amax, 1))
+    lo = seg * SEG * BK  # SEG blocks of BK: a multiple of BK the compiler can see (aligned, vector loads)
+    amax, bad = _split_stats(base, b, live, lo, tl.minimum(lo + SEG * BK, K), K, lim, s_col, R, BK)
+    tl.store(part_ptr + seg * rows + r, amax, mask=live)
+    tl.store(badp_ptr + seg * rows + r, bad, mask=live)
+
+
+@triton.jit(do_not_specialize=["rows", "K", "RB", "lim", "SEG", "NSEG"])
+def _split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, lim, Kp, SEG, NSEG, part_ptr, badp_ptr, q_ptr, e_ptr,
+                  bad_ptr, STATS: tl.constexpr, SLICES: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """Row r = (batch b, row i) of an operand, element k at x + b s_batch + i s_row + k s_col, valid for
+    k < K and b K + k < lim -> slices [SLICES, rows, Kp] int8 (zero beyond K), exponent e [rows], bad [rows].
+
+    Program (tile, seg) writes the seg-th SEG blocks of BK elements; with STATS the rows' statistics are the max
+    and OR over the segments of _split_stats_kernel (order-free), else (one segment) they are taken here."""
+    r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    seg = tl.program_id(1)
+    live = r < rows
+    b = r // RB
+    base = x_ptr + b * s_batch + (r % RB) * s_row
+    if STATS:
+        amax = tl.zeros([R], tl.float64)
+        bad = tl.zeros([R], tl.int32)
+        for s in range(0, NSEG):
+            amax = tl.maximum(amax, tl.load(part_ptr + s * rows + r, mask=live, other=0.0))
+            bad = bad | tl.load(badp_ptr + s * rows + r, mask=live, other=0)
+    else:
+        amax, bad = _split_stats(base, b, live, 0, K, K, lim, s_col, R, BK)
+    e = frexp_exponent(amax)
     scale = pow2(6 - e)[:, None]
-    for k0 in range(0, Kp, BK):
+    plane = rows.to(tl.int64) * Kp  # one slice: may pass 2^31 bytes for a large head
+    lo = seg * SEG * BK if STATS else 0  # one segment: the plain loop, as aligned as before segments existed
+    hi = tl.minimum(lo + SEG * BK, Kp) if STATS else Kp
+    for k0 in range(lo, hi, BK):
         k = k0 + tl.arange(0, BK)
-        m = live[:, None] & (k < K)[None, :] & ((b * K)[:, None] + k[None, :] < lim)
-        x = tl.load(base[:, None] + k[None, :].to(tl.int64) * s_col, mask=m, other=0.0).to(tl.float64)
-        v = tl.where(isfinite(x), x, 0.0) * scale  # |v| < 64, exact
-        out = q_ptr + r[:, None] * Kp + k[None, :]
-        sm = live[:, None] & (k < Kp)[None, :]
-        plane = rows.to(tl.int64) * Kp  # one slice: may pass 2^31 bytes for a large head
-        for i in tl.static_range(SLICES):
-            q = rint(v)  # |q| <= 64: fits int8
-            tl.store(out + i * plane, q.to(tl.int8), mask=sm)
-            v = (v - q) * 128.0  # exact: q is v's nearest integer
-    tl.store(e_ptr + r, e, mask=live)
-    tl.store(bad_ptr + r, bad, mask=live)
+        x = _split_load(base, b, k, live, K, lim, s_col)
+        store_slices(x, scale, q_ptr + r[:, None] * Kp + k[None, :], plane, live[:, None] & (k < Kp)[None, :],
+                     SLICES)
+    if seg == 0:
+        tl.store(e_ptr + r, e, mask=live)
+        tl.store(bad_ptr + r, bad, mask=live)
+
+
+@triton.jit
+def store_slices(x, scale, out, plane, mask, SLICES: tl.constexpr):
+    """The int8 slices of float64 x (non-finite as 0) at its row's scale 2^(6 - e), `plane` bytes apart."""
+    v = tl.where(isfinite(x), x, 0.0) * scale  # |v| < 64, exact
+    for i in tl.static_range(SLICES):
+        q = rint(v)  # |q| <= 64: fits int8
+        tl.store(out + i * plane, q.to(tl.int8), mask=mask)
+        v = (v - q) * 128.0  # exact: q is v's nearest integer
 
 
 class Sliced:
@@ -73,17 +119,34 @@ def split(x: torch.Tensor, rows: int, k: int, s_row: int, s_col: int, slices: in
           batch_rows: int | None = None, s_batch: int = 0, lim: int | None = None) -> Sliced:
     """Slices of `rows` rows of x (row i of batch b at x + b s_batch + (i % batch_rows) s_row, k s_col apart);
     `lim` masks the contracted index b K + k (for token blocks of which the last is short)."""
-    kp = cdiv(max(k, 1), 16) * 16  # 16-aligned rows keep the GEMM's async copies wide; zeros add nothing
-    dev = x.device
-    q = torch.empty((slices, rows, kp), dtype=torch.int8, device=dev)
-    e = torch.empty(rows, dtype=torch.int64, device=dev)
-    bad = torch.empty(rows, dtype=torch.int32, device=dev)
-    if rows:
-        rb = batch_rows or rows
-        _split_kernel[(cdiv(rows, SPLIT_R),)](x, s_batch, rb, s_row, s_col, rows, k, lim if lim is not None
-                                              else (rows // rb) * k, kp, q, e, bad, SLICES=slices, R=SPLIT_R,
-                                              BK=SPLIT_K, num_warps=8, **BR_OPTIONS)
-    return Sliced(q, e, bad)
+    out = empty_sliced(rows, k, slices, x.device)
+    if not rows:
+        return out
+    rb = batch_rows or rows
+    lim = lim if lim is not None else (rows // rb) * k
+    kp = out.q.shape[2]
+    tiles, blocks = cdiv(rows, SPLIT_R), cdiv(kp, SPLIT_K)
+    # few long rows (the head's columns, a dW operand over tokens) would leave SMs idle: split K into segments
+    seg = cdiv(blocks, min(blocks, cdiv(SPLIT_PROGRAMS, tiles)))  # blocks per segment
+    nseg = cdiv(blocks, seg)
+    part = torch.empty((nseg, rows) if nseg > 1 else (1,), dtype=torch.float64, device=x.device)
+    badp = torch.empty((nseg, rows) if nseg > 1 else (1,), dtype=torch.int32, device=x.device)
+    grid = (tiles, nseg)
+    if nseg > 1:
+        _split_stats_kernel[grid](x, s_batch, rb, s_row, s_col, rows, k, lim, seg, part, badp, R=SPLIT_R, BK=SPLIT_K,
+                                  num_warps=8, **BR_OPTIONS)
+    _split_kernel[grid](x, s_batch, rb, s_row, s_col, rows, k, lim, kp, seg, nseg, part, badp, out.q, out.e, out.bad,
+                        STATS=nseg > 1, SLICES=slices, R=SPLIT_R, BK=SPLIT_K, num_warps=8, **BR_OPTIONS)
+    return out
+
+
+def empty_sliced(rows: int, k: int, slices: int, device) -> Sliced:
+    """Room for `rows` rows of k contracted elements; rows padded to Kp, a multiple of 16 (the GEMM's async
+    copies stay wide; the zeros past k add nothing)."""
+    kp = cdiv(max(k, 1), 16) * 16
+    return Sliced(torch.empty((slices, rows, kp), dtype=torch.int8, device=device),
+                  torch.empty(rows, dtype=torch.int64, device=device),
+                  torch.empty(rows, dtype=torch.int32, device=device))
 
 
 @triton.jit

@@ -4,7 +4,8 @@ Per chunk, as the reference: logits from the sliced int8 contraction (kernels/tr
 row slices cut once per call), then one program per token row: the NaN-propagating max, e = float32
 exp64(x - m) parked over the logits, the exact fixed-point sum s of e (float64), lse = float32(m + log64(s)),
 ce and z, and the gradient row g = (e * (1 / float32(s))) * (1 + z2 lse), minus 1 at the target, written
-over e. dh = hp(g, W) * (1/n) and, per block of TOKEN_BLOCK tokens, dW += float64(hp(g_blk^T, h_blk)) in
+over e; the same program cuts g's int8 slices for dh (a row's exponent is its own largest |g|, so the row
+that computes g can take it: one launch and one pass over the logits fewer). dh = hp(g, W) * (1/n) and, per block of TOKEN_BLOCK tokens, dW += float64(hp(g_blk^T, h_blk)) in
 ascending block order inside one kernel (the float64 adds are the only order-sensitive step, and their
 order is the reference's). The means use the exact sums of kernels/triton/reduce.
 """
@@ -18,7 +19,7 @@ from kernels.ref import fixed as ref_fixed, loss as ref
 from kernels.triton import contraction as hp, reduce as t_reduce
 from kernels.triton.elementary import exp64, log64
 from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
-from kernels.triton.ieee import INF, div_rn, nan_f64
+from kernels.triton.ieee import INF, div_rn, frexp_exponent, isfinite, nan_f64, pow2
 from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_at_least
 
 F32 = torch.float32
@@ -27,9 +28,10 @@ ROW_BLOCK = 2048
 
 
 @triton.jit(do_not_specialize=["V", "top", "ignore_index"])
-def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2,
-                NEED_G: tl.constexpr, BLOCK: tl.constexpr):
-    """Token row: logits in buf -> ce, z; with NEED_G, buf ends holding the row's unscaled gradient g."""
+def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2, q_ptr, e_ptr, bad_ptr, plane, Kp,
+                NEED_G: tl.constexpr, SPLIT_G: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr):
+    """Token row: logits in buf -> ce, z; with NEED_G, buf ends holding the row's unscaled gradient g, and with
+    SPLIT_G also its int8 slices for dh = hp(g, W) (q, e, bad: hp.split's bits, without a pass of its own)."""
     row = tl.program_id(0).to(tl.int64)
     base = buf_ptr + row * V
     tgt = tl.load(targets_ptr + row)
@@ -70,12 +72,29 @@ def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2,
     if NEED_G:
         r = div_rn(tl.full([BLOCK], 1.0, tl.float32), tl.broadcast_to(s.to(tl.float32), [BLOCK]))  # reciprocal_
         coef = 1.0 + z2 * lse  # separate * and +: no FMA
+        gmax = tl.zeros([BLOCK], tl.float64)
+        gbad = tl.zeros([BLOCK], tl.int32)
         tl.debug_barrier()
         for start in range(0, V, BLOCK):
             i = start + tl.arange(0, BLOCK)
             g = (tl.load(base + i, mask=i < V, other=0.0) * r) * coef  # p = e * (1/s) is softmax_'s bits
             g = tl.where(i == idx, g - 1.0, g)
-            tl.store(base + i, tl.where(valid, g, 0.0), mask=i < V)
+            g = tl.where(valid & (i < V), g, 0.0)
+            tl.store(base + i, g, mask=i < V)
+            if SPLIT_G:
+                g64 = g.to(tl.float64)
+                gmax = tl.maximum(gmax, finite_abs(g64))
+                gbad = gbad | tl.where(isfinite(g64), 0, 1)
+        if SPLIT_G:  # hp.split of the stored row: exponent of its largest finite |g|, then the slices
+            eg = frexp_exponent(tl.max(gmax, 0))
+            scale = pow2(6 - eg)
+            tl.debug_barrier()
+            for start in range(0, Kp, BLOCK):
+                i = start + tl.arange(0, BLOCK)
+                g64 = tl.load(base + i, mask=i < V, other=0.0).to(tl.float64)
+                hp.store_slices(g64, scale, q_ptr + row * Kp + i, plane.to(tl.int64), i < Kp, SLICES)
+            tl.store(e_ptr + row, eg)
+            tl.store(bad_ptr + row, tl.max(gbad, 0))
 
 
 @triton.jit
@@ -84,7 +103,8 @@ def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, V, D,
     """dw64 [V, D] += float64(hp(g_blk^T, h_blk)) for the chunk's token blocks, in ascending order.
 
     The float64 running sum is read and written around each block's contraction rather than held through it,
-    so the tile carries only the int32 slice accumulators (the contraction's tile shape, hp.config)."""
+    so the tile carries only the int32 slice accumulators (the contraction's tile shape, hp.config); holding
+    it measured slower on the H200 (docs/perf.md, issue-7 notes)."""
     rm, rn = hp.tile_rows(tl.program_id(0), V, D, BM, BN, GROUP_M)
     a_live, b_live = rm < V, rn < D
     am, bn = tl.where(a_live, rm, 0).to(tl.int64), tl.where(b_live, rn, 0).to(tl.int64)
@@ -106,10 +126,11 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n3
     buf = hp.hp_gemm(hs, w_rows, 1, n_c, v)[0]  # logits [n_c, V]
     need_g = need_h or need_w
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(v)
-    _row_kernel[(n_c,)](buf, targets[c0:c1], ce[c0:c1], z[c0:c1], v, top, ignore_index, z2, NEED_G=need_g,
-                        BLOCK=min(pow2_at_least(v), ROW_BLOCK), num_warps=8, **BR_OPTIONS)
+    gs = hp.empty_sliced(n_c if need_h else 0, v, w_rows.q.shape[0], h.device)  # dh's g slices, cut in place
+    _row_kernel[(n_c,)](buf, targets[c0:c1], ce[c0:c1], z[c0:c1], v, top, ignore_index, z2, gs.q, gs.e, gs.bad,
+                        gs.q.shape[1] * gs.q.shape[2], gs.q.shape[2], NEED_G=need_g, SPLIT_G=need_h,
+                        SLICES=gs.q.shape[0], BLOCK=min(pow2_at_least(v), ROW_BLOCK), num_warps=8, **BR_OPTIONS)
     if need_h:
-        gs = hp.split(buf, n_c, v, v, 1)
         dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32)[0]
     if need_w:
         tb = ref.TOKEN_BLOCK

@@ -111,7 +111,8 @@ HP_OPTS = dict(aligned=("Kp", "sa", "sb"), num_warps=8, num_stages=3)
 HP_SIG = {"a_ptr": I8, "b_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "out_ptr": P32,
           "post_ptr": P32, "M": "i32", "N": "i32", "Kp": "i32", "sa": "i32", "sb": "i32"}
 SPLIT_SIG = {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col": "i32", "rows": "i32", "K": "i32",
-             "lim": "i32", "Kp": "i32", "q_ptr": I8, "e_ptr": I64, "bad_ptr": I32}
+             "lim": "i32", "Kp": "i32", "SEG": "i32", "NSEG": "i32", "part_ptr": P64, "badp_ptr": I32, "q_ptr": I8,
+             "e_ptr": I64, "bad_ptr": I32}
 # issue 7: the int8, Hadamard, embedding, contraction and loss twins
 KERNELS7 = {
     "int8_mm": (intmm._gemm_kernel, {**GEMM_SIG, "out_ptr": I32}, GEMM_ALIGNED,
@@ -151,13 +152,19 @@ KERNELS7 = {
     "embedding_finish": (embedding._finish_kernel, {"acc_ptr": I64, "flag_ptr": I32, "amax_ptr": P64, "out_ptr": P32,
                                                     "total": "i32", "S": "i32", "top": "i32"}, {},
                          dict(NONFINITE=True, S_POW2=4, BLOCK=1024)),
-    "hp_split": (contraction._split_kernel, SPLIT_SIG, W8, dict(SLICES=3, R=32, BK=128)),
+    "hp_split": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=False, SLICES=3, R=32, BK=128)),
+    "hp_split_segments": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=True, SLICES=3, R=32, BK=128)),
+    "hp_split_stats": (contraction._split_stats_kernel, {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32",
+                                                         "s_col": "i32", "rows": "i32", "K": "i32", "lim": "i32",
+                                                         "SEG": "i32", "part_ptr": P64, "badp_ptr": I32}, W8,
+                       dict(R=32, BK=128)),
     "hp_gemm": (contraction._hp_kernel, HP_SIG, HP_OPTS,
                 dict(HAS_POST=True, LONG_K=False, SLICES=3, **HP_CFG)),
     "hp_gemm_long_k": (contraction._hp_kernel, HP_SIG, HP_OPTS, dict(HAS_POST=False, LONG_K=True, SLICES=3, **HP_CFG)),
     "loss_row": (loss._row_kernel, {"buf_ptr": P32, "targets_ptr": I64, "ce_ptr": P32, "z_ptr": P32, "V": "i32",
-                                    "top": "i32", "ignore_index": "i32", "z2": "fp32"}, dict(num_warps=8),
-                 dict(NEED_G=True, BLOCK=2048)),
+                                    "top": "i32", "ignore_index": "i32", "z2": "fp32", "q_ptr": I8, "e_ptr": I64,
+                                    "bad_ptr": I32, "plane": "i32", "Kp": "i32"}, dict(num_warps=8),
+                 dict(NEED_G=True, SPLIT_G=True, SLICES=3, BLOCK=2048)),
     "loss_dw": (loss._dw_kernel, {"ga_ptr": I8, "hb_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32,
                                   "badb_ptr": I32, "dw_ptr": P64, "V": "i32", "D": "i32", "NB": "i32", "Kp": "i32",
                                   "sa": "i32", "sb": "i32"}, HP_OPTS, dict(SLICES=3, **{**HP_CFG, "BN": 32})),
