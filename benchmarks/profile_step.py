@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +112,9 @@ def main(argv=None) -> int:
     events = prof.key_averages()
     dev_us = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)  # noqa: E731
     self_us = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
-    kernels = [e for e in events if self_us(e) > 0 and e.key.split(":")[0] not in ("op", "phase")]
+    # device-side events only: a host op (an autograd Function's forward, say) also carries the device time of
+    # the kernels it launched, which would count those kernels twice
+    kernels = [e for e in events if self_us(e) > 0 and e.device_type == DeviceType.CUDA]
     busy = sum(self_us(e) for e in kernels) / 1e6
     ranges = sorted((e for e in events if e.key.startswith(("op:", "phase:", "autograd::engine::evaluate_function"))),
                     key=dev_us, reverse=True)
