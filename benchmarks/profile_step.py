@@ -112,9 +112,10 @@ def main(argv=None) -> int:
     events = prof.key_averages()
     dev_us = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)  # noqa: E731
     self_us = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
-    # device-side events only: a host op (an autograd Function's forward, say) also carries the device time of
-    # the kernels it launched, which would count those kernels twice
-    kernels = [e for e in events if self_us(e) > 0 and e.device_type == DeviceType.CUDA]
+    # device-side events only, less our ranges' GPU annotations (op:, phase:): a host op (an autograd
+    # Function's forward, say) also carries the device time of the kernels it launched, counted twice otherwise
+    kernels = [e for e in events if self_us(e) > 0 and e.device_type == DeviceType.CUDA
+               and e.key.split(":")[0] not in ("op", "phase")]
     busy = sum(self_us(e) for e in kernels) / 1e6
     ranges = sorted((e for e in events if e.key.startswith(("op:", "phase:", "autograd::engine::evaluate_function"))),
                     key=dev_us, reverse=True)
