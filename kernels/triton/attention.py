@@ -1,7 +1,8 @@
 """Triton twin of kernels/ref/attention.py: causal / sliding-window GQA attention with int8 P.V, same bits.
 
 The reference's steps, each on its twin: logits = hp_matmul_(q, k^T) (kernels/triton/contraction) times
-the float32 scale, masked with -inf, softmax_ (kernels/triton/softmax), then P.V in int8 here: V is cut
+the float32 scale, masked with -inf (both in the contraction's epilogue, which skips the tiles wholly masked),
+softmax_ (kernels/triton/softmax), then P.V in int8 here: V is cut
 once per key block (step amax|v|/127 per block and column, codes stored K-contiguous) with the column's
 fixed-point shift from its whole-T amax; one program per tile of query rows quantizes each P block per row
 (step max p / 127), multiplies on int8 tensor cores, dequantizes ((float32(acc) * s_p) * s_v) and adds the
@@ -21,6 +22,7 @@ from kernels.ref import attention as ref, fixed as ref_fixed
 from kernels.triton import contraction as hp, softmax as t_soft
 from kernels.triton.fixedpoint import from_fixed, scale_shift, to_fixed
 from kernels.triton.ieee import INF, div_rn, isfinite, nan_f64
+from kernels.triton.intmm import MAX_BATCH
 from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_at_least
 from kernels.triton.rotated_mm import code8
 
@@ -131,6 +133,24 @@ def pv_int8(p: torch.Tensor, v: torch.Tensor, block: int, causal: bool = False,
     return out
 
 
+def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, causal: bool, window: int | None):
+    """The reference's hp_matmul_(q, k^T) * scale, masked with -inf where `allowed` is False: with the scale and
+    the mask in the contraction's epilogue (no pass over [B, H, T, T] of their own), and the key tiles that no
+    query of a row tile sees not multiplied at all (most of a sliding-window layer's)."""
+    b, hkv, m, _ = qg.shape
+    t = k.shape[2]
+    if b * hkv > MAX_BATCH:  # the contraction's grid cannot take it: the reference's three steps
+        logits = hp.hp_matmul_(qg, k.transpose(-1, -2)) * scale
+        if allowed is None:
+            return logits
+        neg = torch.full((), -math.inf, dtype=F32, device=qg.device)
+        return torch.where(allowed, logits.view(b, hkv, m // t, t, t), neg).view(b, hkv, m, t)
+    sq = hp.operand_rows(qg, hp.DEFAULT_SLICES, transpose=False)
+    sk = hp.operand_rows(k, hp.DEFAULT_SLICES, transpose=False)  # k's rows are k^T's columns: hp_matmul_'s B^T
+    mask = (t, window) if allowed is not None else None
+    return hp.hp_gemm(sq, sk, b * hkv, m, t, post=scale, causal=mask).reshape(b, hkv, m, t)
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, allowed, scale, pv_block, causal, window):
@@ -138,11 +158,7 @@ class _Attention(torch.autograd.Function):
         hkv = k.shape[1]
         g = hq // hkv
         qg = q.reshape(b, hkv, g * t, d)
-        logits = hp.hp_matmul_(qg, k.transpose(-1, -2)) * scale
-        if allowed is not None:
-            neg = torch.full((), -math.inf, dtype=F32, device=q.device)
-            logits = torch.where(allowed, logits.view(b, hkv, g, t, t), neg).view(b, hkv, g * t, t)
-        p = t_soft.softmax_(logits, -1)
+        p = t_soft.softmax_(_logits(qg, k, allowed, scale, causal, window), -1)
         ctx.save_for_backward(qg, k, v, p, scale)
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)

@@ -18,7 +18,7 @@ import triton.language as tl
 from kernels.ref import contraction as ref
 from kernels.ref.checks import expect, same_device
 from kernels.triton.fixedpoint import finite_abs
-from kernels.triton.ieee import frexp_exponent, isfinite, nan_f64, pow2, rint
+from kernels.triton.ieee import INF, frexp_exponent, isfinite, nan_f64, pow2, rint
 from kernels.triton.intmm import MAX_BATCH
 from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton
 
@@ -246,20 +246,45 @@ def tile_rows(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constex
 
 
 @triton.jit
-def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, M, N, Kp, sa, sb,
-               HAS_POST: tl.constexpr, LONG_K: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, GROUP_M: tl.constexpr):
-    """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T)."""
+def _seen(rm, rn, T, window, WINDOW: tl.constexpr):
+    """[BM, BN]: query row m (query m % T of its head) sees key n: n <= m % T, and m % T - n < window when
+    WINDOW (kernels/ref/attention.allowed_keys)."""
+    i = (rm % T)[:, None]
+    j = rn[None, :]
+    ok = j <= i
+    if WINDOW:
+        ok = ok & (j > i - window)
+    return ok
+
+
+@triton.jit
+def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, M, N, Kp, sa, sb, T, window,
+               HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LONG_K: tl.constexpr,
+               SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T).
+
+    CAUSAL (attention logits, queries x keys): entries a query does not see are -inf, after the POST factor,
+    as the reference's torch.where; a tile none of whose queries sees any of its keys skips the contraction."""
     batch = tl.program_id(1).to(tl.int64)
     rm, rn = tile_rows(tl.program_id(0), M, N, BM, BN, GROUP_M)
     a_live, b_live = rm < M, rn < N
     # rows past the edge read row 0 of the batch (never stored): no row masks in the K loop
     a_rows = batch * M + tl.where(a_live, rm, 0)
     b_rows = batch * N + tl.where(b_live, rn, 0)
-    y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
-                LONG_K, SLICES, BM, BN, BK)
+    if CAUSAL:
+        seen = _seen(rm, rn, T, window, WINDOW)
+        if tl.max(tl.where(seen & a_live[:, None] & b_live[None, :], 1, 0)) > 0:
+            y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live,
+                        b_live, LONG_K, SLICES, BM, BN, BK)
+        else:
+            y = tl.full([BM, BN], -INF, tl.float32)  # every entry is masked below: its value never shows
+    else:
+        y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
+                    LONG_K, SLICES, BM, BN, BK)
     if HAS_POST:
         y = y * tl.load(post_ptr)  # a float32 factor after the rounding, as the caller's eager multiply
+    if CAUSAL:
+        y = tl.where(seen, y, -INF)
     tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=a_live[:, None] & b_live[None, :])
 
 
@@ -276,16 +301,20 @@ def config(slices: int = 3) -> dict:
     return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=8, num_stages=stages)
 
 
-def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows)."""
+def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
+            causal: tuple[int, int | None] | None = None) -> torch.Tensor:
+    """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows), times the float32
+    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys."""
     slices, _, kp = a.q.shape
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
         return out
     cfg = config(slices)
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
+    t, window = causal if causal is not None else (1, None)
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,
-                     a.q.stride(0), b.q.stride(0), HAS_POST=post is not None, LONG_K=kp > KS.value, SLICES=slices,
+                     a.q.stride(0), b.q.stride(0), t, window or 0, HAS_POST=post is not None,
+                     CAUSAL=causal is not None, WINDOW=window is not None, LONG_K=kp > KS.value, SLICES=slices,
                      **cfg, **BR_OPTIONS)
     return out
 
@@ -294,7 +323,7 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
 MAX_K = (2**31 - 1) // (64 * 64)
 
 
-def _operand_rows(x: torch.Tensor, slices: int, transpose: bool) -> Sliced:
+def operand_rows(x: torch.Tensor, slices: int, transpose: bool) -> Sliced:
     """Slices of the rows of x [..., R, K] (or of x^T's rows when `transpose`, i.e. x's columns)."""
     x3 = x.reshape(-1, *x.shape[-2:])
     bsz, r0, r1 = x3.shape
@@ -324,8 +353,8 @@ def hp_matmul_(a: torch.Tensor, b: torch.Tensor, slices: int = ref.DEFAULT_SLICE
         return torch.zeros((*lead, m, n), dtype=F32, device=a.device)
     if batch > MAX_BATCH:
         return ref.hp_matmul_(a, b, slices)
-    sa = _operand_rows(a, slices, transpose=False)
-    sb = _operand_rows(b, slices, transpose=True)
+    sa = operand_rows(a, slices, transpose=False)
+    sb = operand_rows(b, slices, transpose=True)
     return hp_gemm(sa, sb, batch, m, n).reshape(*lead, m, n)
 
 

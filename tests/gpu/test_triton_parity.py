@@ -582,6 +582,10 @@ def test_cross_entropy_zloss_nonfinite_row():
                                             (1, 2, 2, 33, 24, dict(pv_block=16, window=5)),
                                             (1, 1, 1, 24, 16, dict(pv_block=64, causal=False)),
                                             (1, 1, 1, 5, 8, dict(pv_block=7, scale=0.3)),
+                                            # several logits tiles, some wholly masked (skipped), tiles of query
+                                            # rows across a head boundary (T not a multiple of the tile)
+                                            (1, 4, 2, 200, 16, dict(pv_block=16, window=40)),
+                                            (1, 2, 1, 150, 8, dict(pv_block=32)),
                                             pytest.param(2, 16, 4, 1024, 128, dict(pv_block=64), marks=gpu_only),
                                             pytest.param(1, 8, 2, 1000, 64, dict(pv_block=100, window=256),
                                                          marks=gpu_only)], ids=str)
