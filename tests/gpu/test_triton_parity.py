@@ -374,7 +374,12 @@ def test_softmax(shape, dim):
     three_ways(lambda t: t_soft.softmax(t, dim), lambda t: r_soft.softmax(t, dim), [x], g, cpu=shape[0] < 4096)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+# Triton 3.6's interpreter casts float32 -> bfloat16 by truncation (1 + 2^-8 + 2^-10 -> 1.0; torch and the GPU's
+# cvt.rn give 1 + 2^-7): the bfloat16 masters can only be checked on a GPU
+bf16_on_gpu = pytest.mark.skipif(INTERPRET, reason="TRITON_INTERPRET truncates float32 -> bfloat16")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=bf16_on_gpu)], ids=str)
 @pytest.mark.parametrize("shape,t0,wd", [((100,), 1, 0.0), ((7, 33), 1, 0.1), ((13, 384), 998, 0.1),
                                          ((1000, 1037), 5, 0.1)], ids=str)
 def test_adamw(shape, t0, wd, dtype):
