@@ -16,7 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from kernels.ref import embedding as ref, fixed as ref_fixed
 from kernels.ref.checks import expect, same_device
-from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
+from kernels.triton.fixedpoint import flags_of, from_fixed, nonfinite_sum, scale_shift, span_stats, to_fixed
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
 
 F32 = torch.float32
@@ -29,16 +29,9 @@ TOKENS, COLS = 8, 256  # scatter tile
 def _stats_kernel(g_ptr, amax_ptr, flags_ptr, total, span, BLOCK: tl.constexpr):
     """Largest finite |g| and the non-finite kinds over one split of the flat gradient."""
     part = tl.program_id(0)
-    lo = part.to(tl.int64) * span
-    amax = tl.zeros([BLOCK], tl.float64)
-    fl = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, span, BLOCK):
-        idx = lo + start + tl.arange(0, BLOCK)
-        v = tl.load(g_ptr + idx, mask=idx < total, other=0.0).to(tl.float64)  # float32 and bf16 widen exactly
-        amax = tl.maximum(amax, finite_abs(v))
-        fl = fl | flags_of(v)
-    tl.store(amax_ptr + part, tl.max(amax, 0))
-    tl.store(flags_ptr + part, or_reduce(fl, 0))
+    amax, fl = span_stats(g_ptr, part.to(tl.int64) * span, span, total, False, BLOCK)
+    tl.store(amax_ptr + part, amax)
+    tl.store(flags_ptr + part, fl)
 
 
 @triton.jit

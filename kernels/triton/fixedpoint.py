@@ -64,3 +64,20 @@ def to_fixed(x, s):
 def from_fixed(q, s):
     """float64 q * 2^-s: one rounding int64 -> float64, exact scaling."""
     return q.to(tl.float64) * pow2(-s)
+
+
+@triton.jit
+def span_stats(x_ptr, lo, span, n, SQUARE: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass 1 over elements [lo, lo + span) of the n at x (a split's span is a multiple of BLOCK, so blocks never
+    straddle splits; or lo 0, span n): (largest finite |x|, or x^2 with SQUARE, exact in float64 for float32 or
+    bfloat16 x; the OR of the non-finite flags)."""
+    amax = tl.zeros([BLOCK], tl.float64)
+    fl = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, span, BLOCK):
+        idx = lo + start + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float64)  # float32 and bf16 widen exactly
+        if SQUARE:
+            v = v * v
+        amax = tl.maximum(amax, finite_abs(v))
+        fl = fl | flags_of(v)
+    return tl.max(amax, 0), or_reduce(fl, 0)

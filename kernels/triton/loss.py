@@ -20,7 +20,7 @@ from kernels.triton import contraction as hp, reduce as t_reduce
 from kernels.triton.elementary import exp64, log64
 from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
 from kernels.triton.ieee import INF, div_rn, frexp_exponent, isfinite, nan_f64, pow2
-from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_at_least
+from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
 
 F32 = torch.float32
 F64 = torch.float64

@@ -16,8 +16,7 @@ import triton.language as tl
 
 from kernels.ref import fixed as ref_fixed, reduce as ref
 from kernels.ref.checks import expect
-from kernels.triton.fixedpoint import (finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce,
-                                       scale_shift, to_fixed)
+from kernels.triton.fixedpoint import from_fixed, nonfinite_sum, or_reduce, scale_shift, span_stats, to_fixed
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
 
 BLOCK = 1024
@@ -28,17 +27,9 @@ TARGET_PROGRAMS = 1024  # enough programs to fill 132 SMs several times over
 def _stats_kernel(x_ptr, amax_ptr, flags_ptr, n, span, S, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
-    base = x_ptr + row * n
-    lo = part.to(tl.int64) * span
-    amax = tl.zeros([BLOCK], tl.float64)
-    fl = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, span, BLOCK):  # span is a multiple of BLOCK: blocks never straddle splits
-        idx = lo + start + tl.arange(0, BLOCK)
-        v = tl.load(base + idx, mask=idx < n, other=0.0).to(tl.float64)
-        amax = tl.maximum(amax, finite_abs(v))
-        fl = fl | flags_of(v)
-    tl.store(amax_ptr + row * S + part, tl.max(amax, 0))
-    tl.store(flags_ptr + row * S + part, or_reduce(fl, 0))
+    amax, fl = span_stats(x_ptr + row * n, part.to(tl.int64) * span, span, n, False, BLOCK)
+    tl.store(amax_ptr + row * S + part, amax)
+    tl.store(flags_ptr + row * S + part, fl)
 
 
 @triton.jit(do_not_specialize=["n", "span", "S", "top"])
@@ -83,37 +74,22 @@ def _row_kernel(x_ptr, out_ptr, n, top, scale_bits, HAS_SCALE: tl.constexpr, BLO
     """A whole row in one program (many rows): both passes in one launch, the second from cache."""
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * n
-    amax = tl.zeros([BLOCK], tl.float64)
-    fl = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, n, BLOCK):
-        idx = start + tl.arange(0, BLOCK)
-        v = tl.load(base + idx, mask=idx < n, other=0.0).to(tl.float64)
-        amax = tl.maximum(amax, finite_abs(v))
-        fl = fl | flags_of(v)
-    s = scale_shift(tl.max(amax, 0), top)
+    amax, fl = span_stats(base, 0, n, n, False, BLOCK)
+    s = scale_shift(amax, top)
     acc = tl.zeros([BLOCK], tl.int64)
     for start in range(0, n, BLOCK):
         idx = start + tl.arange(0, BLOCK)
         acc += to_fixed(tl.load(base + idx, mask=idx < n, other=0.0).to(tl.float64), s)
-    tl.store(out_ptr + row, _result(tl.sum(acc, 0), s, or_reduce(fl, 0), scale_bits, out_ptr.dtype.element_ty,
-                                    HAS_SCALE))
+    tl.store(out_ptr + row, _result(tl.sum(acc, 0), s, fl, scale_bits, out_ptr.dtype.element_ty, HAS_SCALE))
 
 
 @triton.jit(do_not_specialize=["n", "span"])
 def _l2_stats_kernel(x_ptr, amax_ptr, bad_ptr, n, span, BLOCK: tl.constexpr):
     """Per split of one flat tensor: its largest finite square and the float64 sum of its non-finite squares."""
     part = tl.program_id(0)
-    lo = part.to(tl.int64) * span
-    amax = tl.zeros([BLOCK], tl.float64)
-    fl = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, span, BLOCK):  # span is a multiple of BLOCK: blocks never straddle splits
-        idx = lo + start + tl.arange(0, BLOCK)
-        v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float64)
-        q = v * v  # exact in float64 (float32 or bfloat16 v)
-        amax = tl.maximum(amax, finite_abs(q))
-        fl = fl | flags_of(q)
-    tl.store(amax_ptr + part, tl.max(amax, 0))
-    tl.store(bad_ptr + part, nonfinite_sum(or_reduce(fl, 0)))  # 0, +inf or NaN (a square is never -inf)
+    amax, fl = span_stats(x_ptr, part.to(tl.int64) * span, span, n, True, BLOCK)
+    tl.store(amax_ptr + part, amax)
+    tl.store(bad_ptr + part, nonfinite_sum(fl))  # 0, +inf or NaN (a square is never -inf)
 
 
 @triton.jit(do_not_specialize=["n", "span"])
