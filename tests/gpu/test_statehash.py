@@ -24,6 +24,18 @@ def test_blake3_matches_cpu(n):
     assert statehash.blake3_digest(data.cuda()) == blake3.blake3(data.numpy().tobytes()).digest()
 
 
+def test_many_tensors_in_one_pass_match_cpu():
+    """raw_digests hashes a list together (a table maps programs to tensors): sizes at the chunk, program
+    (128 KiB) and group (32 MiB) boundaries, empty and odd-sized ones, in one batch, each equal to stock blake3."""
+    kib = 1024
+    sizes = [0, 5, 1024, 128 * kib - 1, 128 * kib, 128 * kib + 1, 32 * kib * kib - 4, 32 * kib * kib,
+             32 * kib * kib + 4, 33 * kib * kib + 3, 1, 257 * 128 * kib, 7]
+    g = torch.Generator().manual_seed(SEED)
+    data = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in sizes]
+    got = statehash.raw_digests([d.cuda() for d in data])
+    assert got == [blake3.blake3(d.numpy().tobytes()).digest() for d in data]
+
+
 def test_tensor_digests_match_kernels_digest():
     named = {"w": philox.normal(SEED, 0, (333, 517)), "b16": philox.normal(SEED, 1, (7, 3)).to(torch.bfloat16),
              "ids": torch.arange(1001, dtype=torch.int64), "odd": torch.arange(5, dtype=torch.uint8),
@@ -57,3 +69,16 @@ def test_raw_and_named_digests_on_device_equal_host():
     assert raw_digests(list(on_gpu.values())) == [blake3.blake3(digest.tensor_bytes(v)).digest() for v in named.values()]
     memo = DigestMemo()
     assert named_digest(on_gpu, memo) == named_digest(named) == named_digest(on_gpu, memo)
+
+
+def test_pending_named_digest_is_read_after_its_tensors_are_freed():
+    """PendingNamed queues the hashing and holds no tensor: freeing and reusing the memory before hex() is safe."""
+    from app.digests import PendingNamed, named_digest
+
+    named = {"w": philox.normal(SEED, 6, (513, 1031)), "b16": philox.normal(SEED, 7, (9, 5)).to(torch.bfloat16)}
+    on_gpu = {k: v.cuda() for k, v in named.items()}
+    pending = PendingNamed(on_gpu)
+    del on_gpu
+    junk = torch.full((513 * 1031 * 4,), 7, dtype=torch.uint8, device="cuda")  # likely the freed block
+    assert pending.hex() == named_digest(named) == pending.hex()
+    del junk

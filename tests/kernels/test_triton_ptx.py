@@ -90,15 +90,17 @@ KERNELS = {
     "rope": (rope._rotate_kernel, {"x_ptr": P32, "cos_ptr": P32, "sin_ptr": P32, "y_ptr": P32, "n_rows": "i32",
                                    "T": "i32", "H": "i32"}, dict(NEG_SIN=True, ROWS=32, BLOCK_H=64)),
     "softmax_fwd": (softmax._forward_kernel, {"x_ptr": P32, "y_ptr": P32, "n": "i32", "top": "i32"},
-                    dict(BLOCK=2048)),
+                    dict(BLOCK=2048, ONE=False)),
+    "softmax_fwd_row": (softmax._forward_kernel, {"x_ptr": P32, "y_ptr": P32, "n": "i32", "top": "i32"},
+                        dict(BLOCK=2048, ONE=True)),
     "softmax_bwd": (softmax._backward_kernel, {"y_ptr": P32, "g_ptr": P32, "dx_ptr": P32, "n": "i32", "top": "i32"},
                     dict(BLOCK=2048)),
     "adamw_bf16": (adamw._step_kernel, {"p_ptr": "*bf16", "g_ptr": "*bf16", "m_ptr": P32, "v_ptr": P32,
                                         "k_ptr": P32, "n": "i32"}, dict(BLOCK=1024)),
-    "blake3_chunk": (statehash._chunk_kernel, {"w_ptr": I32, "cv_ptr": I32, "n_bytes": "i64", "n_chunks": "i64"},
-                     dict(IS_ROOT=False, LANES=128)),
-    "blake3_group": (statehash._group_kernel, {"cv": I32, "out": I32, "n": "i64"},
-                     dict(IS_ROOT=False, GROUP=256, LOG_GROUP=8)),
+    "blake3_chunk": (statehash._chunk_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32"},
+                     dict(TPAD=64, LANES=128)),
+    "blake3_group": (statehash._group_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32"},
+                     dict(TPAD=64, GROUP=256, LOG_GROUP=8)),
 }
 
 GEMM_SIG = {"a_ptr": I8, "b_ptr": I8, "out_ptr": P32, "M": "i32", "N": "i32", "K": "i32", "s_ab": "i32", "s_am": "i32",
@@ -222,7 +224,7 @@ def test_no_fma_and_no_approximate_ops(compiled):
 def test_division_and_sqrt_are_correctly_rounded(compiled):
     assert "div.rn.f64" in compiled["unary_fwd_3"]          # sigmoid: 1 / (1 + e^-x) in float64
     assert "sqrt.rn.f64" in compiled["unary_fwd_2"]         # rsqrt: the correctly rounded sqrt
-    assert "div.rn.f32" in compiled["softmax_fwd"]          # 1 / s
+    assert "div.rn.f32" in compiled["softmax_fwd"] and "div.rn.f32" in compiled["softmax_fwd_row"]  # 1 / s
     assert "div.rn.f32" in compiled["adamw_bf16"] and "sqrt.rn.f64" in compiled["adamw_bf16"]
     assert "cvt.rn.bf16.f32" in compiled["adamw_bf16"]      # the one rounding to the param dtype: to nearest even
 
