@@ -2,7 +2,9 @@
 
 One program per row. Forward: the max (NaN-propagating, as torch.amax), e = float32 exp64(x - m)
 parked in the output, the exact fixed-point sum of e, y = e * (1 / s) with a correctly rounded division.
-Backward: dx = float32(y (g - <g, y>)) in float64, the dot an exact fixed-point sum.
+Backward: dx = float32(y (g - <g, y>)) in float64, the dot an exact fixed-point sum. In the forward, a row
+of at most 2048 entries (attention's rows) stays in registers: one read and one write instead of a pass per
+step (1.56 vs 1.98 ms a layer of the open-1b proxy on the H200).
 """
 from __future__ import annotations
 
@@ -27,10 +29,28 @@ def _exp_shifted(x_row, idx, n, m64):
     return tl.where(idx < n, e, 0.0)
 
 
+@triton.jit
+def _forward_row(x_row, y_row, n, top, BLOCK: tl.constexpr):
+    """A row of at most BLOCK entries, held in registers: one read and one write, the passes' exact ops."""
+    idx = tl.arange(0, BLOCK)
+    x = tl.load(x_row + idx, mask=idx < n, other=-INF)
+    m = tl.where(tl.max((x != x).to(tl.int32), 0) != 0, nan_f64().to(tl.float32), tl.max(x, 0))
+    e = tl.where(idx < n, exp64(x.to(tl.float64) - m.to(tl.float64)).to(tl.float32), 0.0)
+    e64 = e.to(tl.float64)
+    s = scale_shift(tl.max(finite_abs(e64), 0), top)
+    f = or_reduce(flags_of(e64), 0)
+    total = tl.where(f != 0, nonfinite_sum(f), from_fixed(tl.sum(to_fixed(e64, s), 0), s))
+    r = div_rn(tl.full([BLOCK], 1.0, tl.float32), tl.broadcast_to(total.to(tl.float32), [BLOCK]))
+    tl.store(y_row + idx, e * r, mask=idx < n)
+
+
 @triton.jit(do_not_specialize=["n", "top"])
-def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr):
+def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr, ONE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * n
+    if ONE:  # n <= BLOCK
+        _forward_row(x_row, y_ptr + row * n, n, top, BLOCK)
+        return
     mx = tl.full([BLOCK], -INF, tl.float32)
     nan = tl.zeros([BLOCK], tl.int32)
     for start in range(0, n, BLOCK):
@@ -67,6 +87,7 @@ def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n", "top"])
 def _backward_kernel(y_ptr, g_ptr, dx_ptr, n, top, BLOCK: tl.constexpr):
+    # no register-resident variant: at [B, H, 2048, 2048] it took 1.74 ms a layer on the H200 against 1.38
     row = tl.program_id(0).to(tl.int64)
     y_row, g_row = y_ptr + row * n, g_ptr + row * n
     amax = tl.zeros([BLOCK], tl.float64)
@@ -114,7 +135,7 @@ def _launch_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     r, n = x2.shape
     y2 = torch.empty_like(x2)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(n)
-    _forward_kernel[(r,)](x2, y2, n, top, BLOCK=_block(n), num_warps=8, **BR_OPTIONS)
+    _forward_kernel[(r,)](x2, y2, n, top, BLOCK=_block(n), ONE=n <= _block(n), num_warps=8, **BR_OPTIONS)
     return _back(y2, x, dim)
 
 

@@ -370,6 +370,9 @@ def test_rope(shape):
 def test_softmax(shape, dim):
     x = normal(shape, "softmax", shape, std=4.0)
     x.view(-1)[:: 13] = -float("inf")  # masked logits
+    x.view(-1)[5] = float("nan")  # a NaN row
+    if dim == -1:
+        x[..., 1, :] = -float("inf")  # wholly masked rows
     g = normal(shape, "softmax", shape, "g")
     three_ways(lambda t: t_soft.softmax(t, dim), lambda t: r_soft.softmax(t, dim), [x], g, cpu=shape[0] < 4096)
 
