@@ -8,7 +8,8 @@ Two kinds:
   copy); dtype and shape are bound next to it in the enclosing serialization:
       named_digest = blake3(b"open-1b-tensors/1" | per name, sorted by UTF-8 bytes:
                             u32 len(name) | name | u32 len(dtype) | dtype | u32 ndim | u64 dim... | raw digest)
-  A `DigestMemo` lets the state hash reuse the raw digests the step's stage digests already computed.
+  A `DigestMemo` lets the state hash reuse the raw digests the step's stage digests already computed;
+  a `PendingNamed` is a named_digest queued on the device and read later (no host synchronization).
 """
 from __future__ import annotations
 
@@ -69,9 +70,10 @@ def digest_many(named: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def raw_digests(tensors: list[torch.Tensor]) -> list[bytes]:
-    """blake3 of each tensor's raw little-endian bytes (32 bytes each); CUDA tensors hashed on their device
-    together, with one transfer of the digests per device."""
+def queue_raw(tensors: list[torch.Tensor]):
+    """raw_digests, started now and read later: returns a function giving them (waiting then, once). CUDA
+    tensors are hashed on their device, queued, one transfer per device when read; the tensors themselves
+    are not held, so they may be freed meanwhile. Host tensors are hashed at once."""
     out: list[bytes | None] = [None] * len(tensors)
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -79,10 +81,22 @@ def raw_digests(tensors: list[torch.Tensor]) -> list[bytes]:
             by_device.setdefault(t.device, []).append(i)
         else:
             out[i] = _host_blake3(t)
-    for idx in by_device.values():
-        for i, d in zip(idx, _gpu_blake3().raw_digests([tensors[i] for i in idx])):
-            out[i] = d
-    return out  # type: ignore[return-value]
+    queued = [(idx, _gpu_blake3().queue_digests([tensors[i] for i in idx])) for idx in by_device.values()]
+
+    def read() -> list[bytes]:
+        for idx, rows in queued:
+            host = rows.cpu().numpy().astype("<i4")
+            for j, i in enumerate(idx):
+                out[i] = host[j].tobytes()
+        queued.clear()
+        return out  # type: ignore[return-value]
+    return read
+
+
+def raw_digests(tensors: list[torch.Tensor]) -> list[bytes]:
+    """blake3 of each tensor's raw little-endian bytes (32 bytes each); CUDA tensors hashed on their device
+    together, with one transfer of the digests per device."""
+    return queue_raw(tensors)()
 
 
 class DigestMemo:
@@ -108,12 +122,34 @@ def tensor_head(t: torch.Tensor) -> bytes:
             + b"".join(struct.pack("<Q", int(s)) for s in t.shape))
 
 
+def _named(heads: list[bytes], raw: list[bytes]) -> str:
+    h = blake3.blake3(NAMED_FORMAT)
+    for head, d in zip(heads, raw):
+        h.update(head + d)
+    return h.hexdigest()
+
+
+def _heads(named: dict[str, torch.Tensor], names: list[str]) -> list[bytes]:
+    return [struct.pack("<I", len(k.encode())) + k.encode() + tensor_head(named[k]) for k in names]
+
+
 def named_digest(named: dict[str, torch.Tensor], memo: DigestMemo | None = None) -> str:
     """The stage digest of several named tensors (module doc), hex."""
     names = sorted(named, key=lambda s: s.encode())
-    raw = (memo or DigestMemo()).digests([named[k] for k in names])
-    h = blake3.blake3(NAMED_FORMAT)
-    for k, d in zip(names, raw):
-        nb = k.encode()
-        h.update(struct.pack("<I", len(nb)) + nb + tensor_head(named[k]) + d)
-    return h.hexdigest()
+    return _named(_heads(named, names), (memo or DigestMemo()).digests([named[k] for k in names]))
+
+
+class PendingNamed:
+    """named_digest(named), hashed on the tensors' device without waiting: `hex()` waits, once. Holds no tensor,
+    so a step hashes each microbatch's gradients and frees them without a host synchronization per microbatch."""
+
+    def __init__(self, named: dict[str, torch.Tensor]) -> None:
+        names = sorted(named, key=lambda s: s.encode())
+        self._heads = _heads(named, names)
+        self._read = queue_raw([named[k] for k in names])
+        self._hex: str | None = None
+
+    def hex(self) -> str:
+        if self._hex is None:
+            self._hex = _named(self._heads, self._read())
+        return self._hex

@@ -31,6 +31,7 @@ one real rank would need collectives' recursive doubling wired in (not done) and
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import blake3
@@ -38,7 +39,7 @@ import torch
 
 import stream
 from app.config import RunConfig, Topology
-from app.digests import DigestMemo, named_digest, tensor_digest
+from app.digests import DigestMemo, PendingNamed, named_digest, tensor_digest
 from app.errors import ConfigError
 from app.model import forward, rope_for
 from app.optim import SpikeState, adamw_update, clip, spike_decision
@@ -147,10 +148,36 @@ def _settled(device: torch.device) -> float:
     return time.perf_counter()
 
 
+class _HashClock:
+    """Seconds spent hashing the partial gradients, without waiting on the device for them: on CUDA the GPU time
+    between events recorded around each queued hash (read once the step's work is done), else host time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.host = 0.0
+        self.spans: list = []
+
+    @contextmanager
+    def span(self):
+        if self.cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            yield
+            b.record()
+            self.spans.append((a, b))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.host += time.perf_counter() - t0
+
+    def seconds(self) -> float:
+        return self.host + sum(a.elapsed_time(b) for a, b in self.spans) / 1e3
+
+
 def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, plan, ctx: StepContext,
-              losses: list, partial_digests: list | None, load: dict, hash_time: list[float]):
+              losses: list, partial_digests: list | None, load: dict, clock: _HashClock):
     """Generator of (coord, grads) in mesh order; records per-microbatch (windows, loss, ce, z), the partial
-    gradients' digests and the expert loads."""
+    gradients' digests (queued on the device: PendingNamed) and the expert loads."""
     names = list(params32)
     leaves = [params32[k] for k in names]
     for coord, wins in plan:
@@ -163,10 +190,16 @@ def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, 
         for layer, counts in out.load.items():
             load[layer] = load[layer] + counts if layer in load else counts
         if partial_digests is not None:
-            t0 = _settled(tokens.device)
-            partial_digests.append((wins, named_digest(g)))
-            hash_time[0] += time.perf_counter() - t0
+            with clock.span():
+                partial_digests.append((wins, PendingNamed(g)))
         yield coord, g
+
+
+def _read(partial_digests: list | None) -> list | None:
+    """(windows, hex) for (windows, PendingNamed or hex): waits for the queued hashes."""
+    if partial_digests is None:
+        return None
+    return [(w, d if isinstance(d, str) else d.hex()) for w, d in partial_digests]
 
 
 def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: StepContext,
@@ -204,8 +237,8 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     losses: list = []
     load: dict[str, torch.Tensor] = {}
     partial_digests = [] if t.stage_digests else None
-    hash_time = [0.0]
-    parts = _partials(params32, tokens, lo, plan, ctx, losses, partial_digests, load, hash_time)
+    clock = _HashClock(tokens.device)
+    parts = _partials(params32, tokens, lo, plan, ctx, losses, partial_digests, load, clock)
     if group is None:
         reduced = reduce_gradients(parts, topology, accum, t.reduction, ops=ctx.ops)
     else:
@@ -218,7 +251,7 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
                     group.all_reduce_sum_(buf)
             reduced = exact_result(sums, topology.world * accum)
         # every rank sees every microbatch's rows, digests and loads (in window order after the sort below)
-        mine = ([(w, x.tolist()) for w, x in losses], partial_digests,
+        mine = ([(w, x.tolist()) for w, x in losses], _read(partial_digests),
                 {k: v.tolist() for k, v in load.items()})
         losses, partial_digests, load = [], [] if partial_digests is not None else None, {}
         for rl, rd, rload in group.all_gather(mine):
@@ -255,7 +288,7 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     memo = DigestMemo()
     t0 = _settled(ctx.device)
     if t.stage_digests and (sharded is None or sharded.writer):
-        backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(partial_digests)).encode()).hexdigest()
+        backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(_read(partial_digests))).encode()).hexdigest()
         # an unclipped step's `clipped` holds the very tensors of `reduced`: the memo hashes them once
         digests = {"forward": tensor_digest(per_mb), "backward": backward, "reduced": named_digest(reduced, memo),
                    "clipped": named_digest(clipped, memo), "optimizer": named_digest(
@@ -264,5 +297,5 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
                        memo)}
     return StepResult(step, (lo, hi), topology.label(), accum, float(means[0]), float(means[1]), float(means[2]),
                       float(norm), float(coef), lr, applied, triggered, digests,
-                      time.perf_counter() - t0 + hash_time[0],
+                      time.perf_counter() - t0 + clock.seconds(),
                       {k: [int(c) for c in v.tolist()] for k, v in load.items()}, memo)

@@ -90,7 +90,7 @@ def test_fast_digests_equal_the_kernels_definition():
 
 
 def test_memo_reuses_the_steps_digests_and_named_digest_binds_dtype_and_shape():
-    from app.digests import DigestMemo, named_digest
+    from app.digests import DigestMemo, PendingNamed, named_digest
 
     st = _state()
     memo = DigestMemo()
@@ -99,5 +99,6 @@ def test_memo_reuses_the_steps_digests_and_named_digest_binds_dtype_and_shape():
     assert state_hash(entries, memo) == state_hash(entries)
     w = torch.arange(6, dtype=torch.float32)
     base = named_digest({"w": w})
+    assert PendingNamed({"w": w}).hex() == base
     assert base != named_digest({"w": w.reshape(2, 3)}) and base != named_digest({"w": w.view(torch.int32)})
     assert base != named_digest({"x": w}) and base == named_digest({"w": w.clone()})
