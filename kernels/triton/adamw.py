@@ -6,6 +6,8 @@ casts of its host doubles, loaded from one small tensor.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -49,6 +51,15 @@ def scalars(beta1: float, beta2: float, eps: float, lr: float, weight_decay: flo
     return torch.stack([torch.tensor(float(v), dtype=F32) for v in vals])
 
 
+@functools.lru_cache(maxsize=32)
+def _device_scalars(beta1: str, beta2: str, eps: str, lr: str, weight_decay: str, step: int,
+                    device: torch.device) -> torch.Tensor:
+    """scalars(...) on the device, keyed by the doubles' hex (so -0.0 and 0.0 differ): a step's tensors share
+    one or two uploads instead of one host-to-device copy, and its wait, per tensor. Never written."""
+    hx = float.fromhex
+    return scalars(hx(beta1), hx(beta2), hx(eps), hx(lr), hx(weight_decay), step).to(device)
+
+
 def adamw_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int,
                lr: float, beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
                weight_decay: float = 0.0) -> torch.Tensor:
@@ -66,7 +77,8 @@ def adamw_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torc
                                                 ("eps", eps, 0.0, float("inf"), True, True),
                                                 ("weight_decay", weight_decay, 0.0, float("inf"), False, True)):
         ref._check_scalar(name, val, lo, hi, lo_open, hi_open)
-    k = scalars(beta1, beta2, eps, lr, weight_decay, step).to(param.device)
+    k = _device_scalars(float(beta1).hex(), float(beta2).hex(), float(eps).hex(), float(lr).hex(),
+                        float(weight_decay).hex(), step, param.device)
     n = param.numel()
     if n:
         with torch.no_grad():

@@ -403,6 +403,20 @@ def test_adamw(shape, t0, wd, dtype):
     assert_same(run(t_adamw.adamw_step, CUDA), run(r_adamw.adamw_step, CUDA), run(r_adamw.adamw_step, "cpu"))
 
 
+def test_adamw_device_scalars_are_cached_by_their_bits():
+    """The twin caches its scalars on the device by the doubles' bits: weight decay -0.0 and 0.0 stay distinct
+    (they round a -0.0 parameter differently), each step as the reference's."""
+    p0 = torch.tensor([-0.0, 0.0, 1.0, -2.0])
+    g = torch.tensor([0.0, -0.0, 0.5, 0.25])
+    for wd in (0.0, -0.0, 0.0, -0.0):
+        outs = []
+        for fn in (t_adamw.adamw_step, r_adamw.adamw_step):
+            p, m, v = p0.to(CUDA).clone(), torch.zeros(4, device=CUDA), torch.zeros(4, device=CUDA)
+            fn(p, g.to(CUDA), m, v, step=1, lr=1e-3, weight_decay=wd)
+            outs.append(p)
+        assert mismatches(outs[0], outs[1]) == 0, wd
+
+
 def test_backend_namespace_runs_the_twins():
     import kernels
 
