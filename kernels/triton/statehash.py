@@ -102,12 +102,6 @@ def _word(w_ptr, idx, mask):
 
 
 @triton.jit
-def _pair(x):
-    """Split the last (size-2) axis: the even and the odd entries."""
-    return tl.split(x)
-
-
-@triton.jit
 def _block(w_ptr, c, b, n_words, on, LANES: tl.constexpr):
     """Block b's 16 message words of each lane's chunk, as 16 [LANES] vectors.
 
@@ -116,21 +110,21 @@ def _block(w_ptr, c, b, n_words, on, LANES: tl.constexpr):
     w = c[:, None] * 256 + b * 16 + tl.arange(0, 16)[None, :]
     x = tl.load(w_ptr + w, mask=on[:, None] & (w < n_words), other=0).to(tl.uint32, bitcast=True)
     x = tl.reshape(x, [LANES, 2, 2, 2, 2])  # word = 8 i + 4 j + 2 k + l
-    x0, x1 = _pair(x)  # named by the bits fixed so far: x{l}, x{k}{l}, x{j}{k}{l}
-    x00, x10 = _pair(x0)
-    x01, x11 = _pair(x1)
-    x000, x100 = _pair(x00)
-    x010, x110 = _pair(x10)
-    x001, x101 = _pair(x01)
-    x011, x111 = _pair(x11)
-    m0, m8 = _pair(x000)
-    m4, m12 = _pair(x100)
-    m2, m10 = _pair(x010)
-    m6, m14 = _pair(x110)
-    m1, m9 = _pair(x001)
-    m5, m13 = _pair(x101)
-    m3, m11 = _pair(x011)
-    m7, m15 = _pair(x111)
+    x0, x1 = tl.split(x)  # named by the bits fixed so far: x{l}, x{k}{l}, x{j}{k}{l}
+    x00, x10 = tl.split(x0)
+    x01, x11 = tl.split(x1)
+    x000, x100 = tl.split(x00)
+    x010, x110 = tl.split(x10)
+    x001, x101 = tl.split(x01)
+    x011, x111 = tl.split(x11)
+    m0, m8 = tl.split(x000)
+    m4, m12 = tl.split(x100)
+    m2, m10 = tl.split(x010)
+    m6, m14 = tl.split(x110)
+    m1, m9 = tl.split(x001)
+    m5, m13 = tl.split(x101)
+    m3, m11 = tl.split(x011)
+    m7, m15 = tl.split(x111)
     return m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15
 
 
@@ -236,11 +230,15 @@ def _group_kernel(table, starts, ws, T, TPAD: tl.constexpr, GROUP: tl.constexpr,
 
 
 def _words(data: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The tensor's bytes as int32 words (zero-padded to a whole word) and the byte count."""
+    """A tensor whose address holds the bytes as whole words (zero-padded to a whole word), and the byte count.
+    The kernels use only the address: a contiguous, word-aligned tensor is its own buffer, no views made
+    (making them was most of the host's time per tensor)."""
+    n = data.numel() * data.element_size()
+    if n and n % 4 == 0 and data.is_contiguous() and data.data_ptr() % 4 == 0:
+        return data, n
     raw = data.detach().contiguous().reshape(-1).view(torch.uint8)
-    n = raw.numel()
-    if n % 4 == 0 and raw.data_ptr() % 4 == 0 and n:
-        return raw.view(torch.int32), n
+    if n and n % 4 == 0 and raw.data_ptr() % 4 == 0:
+        return raw, n  # a contiguous copy: whole words already
     padded = torch.zeros(max(cdiv(n, 4), 1) * 4, dtype=torch.uint8, device=raw.device)
     padded[:n] = raw
     return padded.view(torch.int32), n
@@ -313,15 +311,7 @@ def blake3_words(words: torch.Tensor, n_bytes: int) -> torch.Tensor:
 def queue_digests(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The BLAKE3 digest of each tensor's raw bytes as [len, 8] int32 on their device, queued, not waited for.
     The tensors may be freed at once: the hashing is ahead of any later use of their memory on the stream."""
-    buffers = [_in_place(t) or _words(t) for t in tensors]  # held until the launches are queued
-    return digest_words(buffers)
-
-
-def _in_place(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """(t, its byte count) when the kernels can read t's bytes where they lie, whole words (only the address and
-    the count are used): no views made, which is most of the host's time per tensor."""
-    n = t.numel() * t.element_size()
-    return (t, n) if n and n % 4 == 0 and t.is_contiguous() and t.data_ptr() % 4 == 0 else None
+    return digest_words([_words(t) for t in tensors])  # padded copies held until the launches are queued
 
 
 def raw_digests(tensors: list[torch.Tensor]) -> list[bytes]:
