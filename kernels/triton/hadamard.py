@@ -1,9 +1,9 @@
 """Triton twin of kernels/ref/hadamard.py: fwht and block_hadamard, the same butterflies in the same order.
 
 Every output of the reference is a fixed tree of rounded float additions: stage h = 1, 2, 4, ... maps the
-pair (j, j + h) of each group of 2h to (a + b, a - b). `butterfly` runs those stages on a register tile
-[R, L]; a stage's a + b and a - b are single rounded IEEE ops, so any device that runs the same stages in
-the same order gets the same bits. Lengths above MAX_L run as several passes: the first covers stages
+pair (j, j + h) of each group of 2h to (a + b, a - b). `butterfly_parts` runs those stages across a tuple
+of register tensors; a stage's a + b and a - b are single rounded IEEE ops, so any device that runs the same
+stages in the same order gets the same bits. Lengths above MAX_L run as several passes: the first covers stages
 h < MAX_L inside contiguous runs, the next the stages h = MAX_L, 2 MAX_L, ... on elements MAX_L apart.
 """
 from __future__ import annotations
@@ -16,50 +16,112 @@ from kernels.ref import hadamard as ref
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
 
 MAX_L = 1024  # the longest butterfly held in registers
-TILE = 4096   # elements per program (rows x L)
+TILE = 4096   # elements per program (rows x L) of rotate_quantize
+PASS_TILE = 2048  # of a standalone pass (measured fastest on the H200: docs/perf.md)
 
 
 @triton.jit
-def _stage(x, R: tl.constexpr, L: tl.constexpr, H: tl.constexpr):
-    """One butterfly stage of half-width H on [R, L]: (a, b) -> (a + b, a - b) for a = x[j], b = x[j + H]."""
-    v = tl.reshape(x, [R, L // (2 * H), 2, H])
-    first = tl.arange(0, 2)[None, None, :, None] == 0
-    plus = tl.sum(v, axis=2)                           # a + b: one rounded add (a 2-term sum has no other order)
-    minus = tl.sum(tl.where(first, v, -v), axis=2)     # a + (-b) is IEEE's a - b, bit for bit
-    out = tl.where(first, plus[:, :, None, :], minus[:, :, None, :])
-    return tl.reshape(out, [R, L])
+def butterfly_parts(parts, P: tl.constexpr, LOG_P: tl.constexpr):
+    """H_P across a tuple of P same-shape tensors, part j holding index j of every length-P group: stages
+    h = 1, 2, ..., P/2 in order, each pair (a, b) -> (a + b, a - b), elementwise between registers.
+
+    A stage on one register tile needs its pairs in one thread, which a reshape only gets through shared
+    memory (a layout change per stage: such butterflies ran ~30x behind their bytes, docs/perf.md); parts
+    never move between threads."""
+    for s in tl.static_range(LOG_P):
+        out = ()
+        for j in tl.static_range(P):
+            if (j >> s) & 1 == 0:
+                out = out + (parts[j] + parts[j + (1 << s)],)  # a + b: one rounded add
+            else:
+                out = out + (parts[j - (1 << s)] - parts[j],)  # a - b: one rounded subtract
+        parts = out
+    return parts
 
 
 @triton.jit
-def butterfly(x, R: tl.constexpr, L: tl.constexpr, LOG_L: tl.constexpr):
-    """x H_L along axis 1 of [R, L] (unnormalized, Sylvester order), stages h = 1, 2, ..., L/2 in order."""
-    for i in tl.static_range(LOG_L):
-        x = _stage(x, R, L, 1 << i)
+def deal(x, R: tl.constexpr, S: tl.constexpr, P: tl.constexpr, LOG_P: tl.constexpr):
+    """The P parts of x [R, S, P] along its last dim (part i = x[:, :, i], [R, S]), by log2 P rounds of tl.split:
+    a round splits each part's elements into the even and the odd ones, and the parts stay in index order."""
+    parts = (x,)
+    for lvl in tl.static_range(LOG_P):
+        evens = ()
+        odds = ()
+        for k in tl.static_range(1 << lvl):
+            if (P >> lvl) == 2:
+                a, b = tl.split(parts[k])
+            else:
+                a, b = tl.split(tl.reshape(parts[k], [R, S, (P >> lvl) // 2, 2]))
+            evens = evens + (a,)
+            odds = odds + (b,)
+        parts = evens + odds  # part k + 2^lvl holds the odd elements of part k: index k + 2^lvl
+    if LOG_P == 0:
+        parts = (tl.reshape(x, [R, S]),)
+    return parts
+
+
+@triton.jit
+def gather(parts, R: tl.constexpr, S: tl.constexpr, P: tl.constexpr, LOG_P: tl.constexpr):
+    """deal's inverse: P parts [R, S] back into one [R, S, P] tile, part i at x[:, :, i]."""
+    if LOG_P == 0:
+        x = tl.reshape(parts[0], [R, S, 1])
+    else:
+        for lvl in tl.static_range(LOG_P - 1, -1, -1):
+            out = ()
+            for k in tl.static_range(1 << lvl):
+                j = tl.join(parts[k], parts[k + (1 << lvl)])
+                if (P >> lvl) == 2:
+                    out = out + (j,)
+                else:
+                    out = out + (tl.reshape(j, [R, S, P >> lvl]),)
+            parts = out
+        x = parts[0]
     return x
 
 
+def split_length(length: int) -> tuple[int, int]:
+    """(P, S) with P * S = length (a power of two), P >= S: a butterfly's stages h < P run across P parts of
+    S elements (index j P + i in part i), the stages h >= P across S parts of P (index j P + i in part j)."""
+    log = length.bit_length() - 1
+    p = 1 << ((log + 1) // 2)
+    return p, length // p
+
+
 @triton.jit(do_not_specialize=["rows", "n_in", "n_out", "C", "Q"])
-def _pass_kernel(x_ptr, y_ptr, rows, n_in, n_out, C, Q,
-                 L: tl.constexpr, LOG_L: tl.constexpr, R: tl.constexpr):
-    """Butterflies of length L along N of a [A, N, C] tensor, on elements Q apart: n = o L Q + l Q + q.
+def _pass_kernel(x_ptr, y_ptr, rows, n_in, n_out, C, Q, P: tl.constexpr, LOG_P: tl.constexpr, S: tl.constexpr,
+                 LOG_S: tl.constexpr, R: tl.constexpr):
+    """Butterflies of length L = P S along N of a [A, N, C] tensor, on elements Q apart: n = o L Q + l Q + q.
 
     Input positions n >= n_in read as +0.0 (the reference's F.pad zeros); the output has n_out positions.
+    The tile is dealt into P parts for the stages h < P, then read back from y as S parts for the rest.
     """
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     c = r % C
     t = r // C
     q = t % Q
     t = t // Q
-    o_count = n_out // (L * Q)
+    o_count = n_out // (P * S * Q)
     o = t % o_count
     a = t // o_count
-    l = tl.arange(0, L)
-    n = (o * L * Q + q)[:, None] + l[None, :].to(tl.int64) * Q
+    first = (o * P * S * Q + q)[:, None]
     live = (r < rows)[:, None]
+    n = first + tl.arange(0, P * S)[None, :].to(tl.int64) * Q
     x = tl.load(x_ptr + (a[:, None] * n_in + n) * C + c[:, None], mask=live & (n < n_in), other=0.0)
-    y = butterfly(x, R, L, LOG_L)
+    parts = butterfly_parts(deal(tl.reshape(x, [R, S, P]), R, S, P, LOG_P), P, LOG_P)
     tl.debug_barrier()  # later passes run in place: the whole tile is read before any of it is written
-    tl.store(y_ptr + (a[:, None] * n_out + n) * C + c[:, None], y, mask=live)
+    tl.store(y_ptr + (a[:, None] * n_out + n) * C + c[:, None], tl.reshape(gather(parts, R, S, P, LOG_P), [R, P * S]),
+             mask=live)
+    tl.debug_barrier()  # the tile is read back laid over other threads than those that stored it
+    i = tl.arange(0, P)
+    parts = ()
+    for j in tl.static_range(S):
+        n = first + (j * P + i)[None, :].to(tl.int64) * Q
+        parts = parts + (tl.load(y_ptr + (a[:, None] * n_out + n) * C + c[:, None], mask=live),)
+    parts = butterfly_parts(parts, S, LOG_S)
+    tl.debug_barrier()  # in place: a part held by several threads is read by all of them before any writes it
+    for j in tl.static_range(S):
+        n = first + (j * P + i)[None, :].to(tl.int64) * Q
+        tl.store(y_ptr + (a[:, None] * n_out + n) * C + c[:, None], parts[j], mask=live)
 
 
 def _transform(x: torch.Tensor, d: int, b: int) -> torch.Tensor:
@@ -81,10 +143,11 @@ def _transform(x: torch.Tensor, d: int, b: int) -> torch.Tensor:
     src, n_in, q = x, n, 1
     while q < b:  # passes: stages [q, q L) of the block's butterfly, in order
         length = min(MAX_L, b // q)
-        r = max(1, TILE // length)
+        r = max(1, PASS_TILE // length)
         rows = a * (n_out // length) * c
-        _pass_kernel[(cdiv(rows, r),)](src, y, rows, n_in, n_out, c, q, L=length, LOG_L=length.bit_length() - 1,
-                                       R=r, num_warps=8, **BR_OPTIONS)
+        p, s = split_length(length)
+        _pass_kernel[(cdiv(rows, r),)](src, y, rows, n_in, n_out, c, q, P=p, LOG_P=p.bit_length() - 1, S=s,
+                                       LOG_S=s.bit_length() - 1, R=r, num_warps=8, **BR_OPTIONS)
         src, n_in, q = y, n_out, q * length  # later passes in place: programs own disjoint tiles
     return y
 

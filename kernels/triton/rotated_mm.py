@@ -2,11 +2,11 @@
 
 One kernel per operand rotates and quantizes in two passes over its rows (the row's int8 step needs the
 largest rotated magnitude first): the first zeroes non-finite values, runs the reference's butterflies
-(kernels/triton/hadamard.butterfly), takes |max| and parks the rotated rows in a float32 scratch; the
-second reads them back and divides by the step (div_rn, as the
-reference's tensor division), rounds half to even and clamps. Both codes land K-contiguous and zero-padded
-to a multiple of 16 (zeros add nothing), and the shared int8 GEMM (kernels/triton/intmm.gemm) dequantizes
-in the reference's order ((float32(acc) * step_a[r]) * step_b[s]) * (1/b).
+(kernels/triton/hadamard.butterfly_parts, through a float32 scratch between the low and the high stages),
+takes |max| and leaves the rotated rows in the scratch; the second reads them back and divides by the step
+(div_rn, as the reference's tensor division), rounds half to even and clamps. Both codes land K-contiguous
+and zero-padded to a multiple of 16 (zeros add nothing), and the shared int8 GEMM (kernels/triton/intmm.gemm)
+dequantizes in the reference's order ((float32(acc) * step_a[r]) * step_b[s]) * (1/b).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.ref import hadamard as ref_had, rotated_mm as ref
-from kernels.triton.hadamard import MAX_L, TILE, butterfly
+from kernels.triton.hadamard import MAX_L, TILE, butterfly_parts, deal, gather, split_length
 from kernels.triton.ieee import div_rn, isfinite, rint
 from kernels.triton.intmm import gemm
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
@@ -34,10 +34,8 @@ def code8(v):
 
 
 @triton.jit
-def _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride,
-                   PRE: tl.constexpr, ROTATE: tl.constexpr, L: tl.constexpr, LOG_L: tl.constexpr, R: tl.constexpr):
-    """One [R, L] block of the operand along C: (values, finite-zeroed and rotated; non-finite flags per row)."""
-    c = c0 + tl.arange(0, L)
+def _operand_values(src_ptr, r, live, c, C, s_row, s_col, pre_ptr, pre_stride, PRE: tl.constexpr):
+    """The operand at rows r and C indices c, [R, n]: (values, non-finite as +0.0; 1 where non-finite)."""
     m = live[:, None] & (c < C)[None, :]
     v = tl.load(src_ptr + r[:, None] * s_row + c[None, :].to(tl.int64) * s_col, mask=m, other=0.0).to(tl.float32)
     if PRE:
@@ -45,43 +43,71 @@ def _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride,
         sc = tl.load(pre_ptr + c * pre_stride, mask=c < C, other=1.0)[None, :]
         sc = tl.broadcast_to(sc, v.shape)
         v = code8(div_rn(v, sc)) * sc
-    bad = tl.max(tl.where(isfinite(v), 0, 1), axis=1)
-    v = tl.where(isfinite(v), v, 0.0)  # finite_or_zero: +0.0, as torch.zeros_like
-    if ROTATE:
-        v = butterfly(v, R, L, LOG_L)
-    return v, bad
+    return tl.where(isfinite(v), v, 0.0), tl.where(isfinite(v), 0, 1)  # finite_or_zero: +0.0, as torch.zeros_like
+
+
+@triton.jit
+def _rotate_block(src_ptr, r, live, c0, C, Kp, s_row, s_col, pre_ptr, pre_stride, tmp_ptr, PRE: tl.constexpr,
+                  P: tl.constexpr, LOG_P: tl.constexpr, S: tl.constexpr, LOG_S: tl.constexpr, R: tl.constexpr):
+    """Hadamard block [c0, c0 + P S) of rows r, rotated into tmp [rows, Kp]: (largest |rotated| per row, flags).
+
+    Index c0 + j P + i: the block is loaded as one tile and dealt into P parts (i) in registers for the stages
+    h < P; the stages h >= P run across S parts (j) read back from tmp: butterfly's stages, in its order.
+    (Loading each part on its own, strided, measured 2-3x slower on the H200: docs/perf.md.)"""
+    rows = tmp_ptr + r[:, None] * Kp
+    c = c0 + tl.arange(0, P * S)
+    v, f = _operand_values(src_ptr, r, live, c, C, s_row, s_col, pre_ptr, pre_stride, PRE)
+    parts = butterfly_parts(deal(tl.reshape(v, [R, S, P]), R, S, P, LOG_P), P, LOG_P)
+    tl.store(rows + c[None, :], tl.reshape(gather(parts, R, S, P, LOG_P), [R, P * S]),
+             mask=live[:, None] & (c < Kp)[None, :])
+    tl.debug_barrier()  # the block is read back laid over other threads than those that stored it
+    i = tl.arange(0, P)
+    parts = ()
+    for j in tl.static_range(S):
+        c = c0 + j * P + i
+        parts = parts + (tl.load(rows + c[None, :], mask=live[:, None] & (c < Kp)[None, :], other=0.0),)
+    parts = butterfly_parts(parts, S, LOG_S)
+    tl.debug_barrier()  # in place: a part held by several threads is read by all of them before any writes it
+    big = tl.zeros([R, P], tl.float32)
+    for j in tl.static_range(S):
+        c = c0 + j * P + i
+        big = tl.maximum(big, tl.abs(parts[j]))
+        tl.store(rows + c[None, :], parts[j], mask=live[:, None] & (c < Kp)[None, :])
+    return tl.max(big, axis=1), tl.max(f, axis=1)
 
 
 @triton.jit(do_not_specialize=["rows", "C"])
 def _rotate_quantize_kernel(src_ptr, s_row, s_col, rows, C, Kp, pre_ptr, pre_stride, q_ptr, step_ptr, bad_ptr, tmp_ptr,
-                            PRE: tl.constexpr, ROTATE: tl.constexpr, CACHE: tl.constexpr, L: tl.constexpr,
-                            LOG_L: tl.constexpr, R: tl.constexpr):
+                            PRE: tl.constexpr, ROTATE: tl.constexpr, P: tl.constexpr, LOG_P: tl.constexpr,
+                            S: tl.constexpr, LOG_S: tl.constexpr, L: tl.constexpr, R: tl.constexpr):
     """Rows of an operand (elements along C at src + r s_row + c s_col) -> int8 codes [rows, Kp], step, bad.
 
-    CACHE: the first pass parks its rotated rows in tmp [rows, Kp] (float32, contiguous) and the second reads
-    them back, instead of loading (strided, maybe dequantizing) and rotating every block a second time."""
+    ROTATE: blocks of P S are rotated into tmp [rows, Kp] (float32, contiguous) and the codes are cut from it;
+    else the codes are cut from the operand, read again (one load away)."""
     r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     live = r < rows
     amax = tl.zeros([R], tl.float32)
     bad = tl.zeros([R], tl.int32)
-    for c0 in range(0, Kp, L):
-        v, b = _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride, PRE, ROTATE, L, LOG_L, R)
-        amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))
-        bad = bad | b
-        if CACHE:
-            c = c0 + tl.arange(0, L)
-            tl.store(tmp_ptr + r[:, None] * Kp + c[None, :], v, mask=live[:, None] & (c < Kp)[None, :])
+    if ROTATE:
+        for c0 in range(0, Kp, P * S):
+            m, b = _rotate_block(src_ptr, r, live, c0, C, Kp, s_row, s_col, pre_ptr, pre_stride, tmp_ptr, PRE,
+                                 P, LOG_P, S, LOG_S, R)
+            amax = tl.maximum(amax, m)
+            bad = bad | b
+        tl.debug_barrier()  # the codes' loads below may lay the rows over other threads than the stores did
+    else:
+        for c0 in range(0, Kp, L):
+            v, f = _operand_values(src_ptr, r, live, c0 + tl.arange(0, L), C, s_row, s_col, pre_ptr, pre_stride, PRE)
+            amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))
+            bad = bad | tl.max(f, axis=1)
     step = div_rn(amax, tl.full([R], 127.0, tl.float32))  # amax / 127: a tensor division, correctly rounded
     step = tl.where(step > 0, step, 1.0)
-    if CACHE:
-        tl.debug_barrier()  # the load below may lay the tile out over other threads than the store did
     for c0 in range(0, Kp, L):
         c = c0 + tl.arange(0, L)
-        if CACHE:
+        if ROTATE:
             v = tl.load(tmp_ptr + r[:, None] * Kp + c[None, :], mask=live[:, None] & (c < Kp)[None, :], other=0.0)
         else:
-            v, b = _operand_block(src_ptr, r, live, c0, C, s_row, s_col, pre_ptr, pre_stride, PRE, ROTATE, L, LOG_L,
-                                  R)
+            v, b = _operand_values(src_ptr, r, live, c, C, s_row, s_col, pre_ptr, pre_stride, PRE)
         q = code8(div_rn(v, tl.broadcast_to(step[:, None], v.shape)))
         tl.store(q_ptr + r[:, None] * Kp + c[None, :], q.to(tl.int8), mask=live[:, None] & (c < Kp)[None, :])
     tl.store(step_ptr + r, step, mask=live)
@@ -108,14 +134,14 @@ def rotate_quantize(src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int
     if rows == 0:
         return q, step, bad
     length = block if block else PLAIN_L
+    p, sn = split_length(length)
     r = max(1, TILE // length)
-    cache = block is not None  # rotated rows are worth parking; plain ones are one load away
-    tmp = torch.empty((rows, kp) if cache else (1,), dtype=F32, device=dev)
+    tmp = torch.empty((rows, kp) if block else (1,), dtype=F32, device=dev)
     _rotate_quantize_kernel[(cdiv(rows, r),)](
         src, s_row, s_col, rows, c, kp, pre if pre is not None else step,
         (0 if pre.dim() == 0 else pre.stride(0)) if pre is not None else 0, q, step, bad, tmp,
-        PRE=pre is not None, ROTATE=block is not None, CACHE=cache, L=length, LOG_L=length.bit_length() - 1, R=r,
-        num_warps=8, **BR_OPTIONS)
+        PRE=pre is not None, ROTATE=block is not None, P=p, LOG_P=p.bit_length() - 1, S=sn, LOG_S=sn.bit_length() - 1,
+        L=length, R=r, num_warps=8, **BR_OPTIONS)
     return q, step, bad
 
 
