@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--no-hash", action="store_true", help="stage digests off and no state hash (the nohash arm)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile_step.json"))
     args = ap.parse_args(argv)
     from dataclasses import replace
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
 
     c = proxy(args.layers, args.seq_len)
     cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": args.batch, "train.batch_phases": ((1 << 50, args.batch),),
-                             "train.heldout_windows": 0})
+                             "train.heldout_windows": 0, "train.stage_digests": not args.no_hash})
     ctx = StepContext.build(cfg, "cuda", backend=args.backend)
     ctx = replace(ctx, ops=Traced(ctx.ops))
     _phases()
@@ -95,8 +96,9 @@ def main(argv=None) -> int:
 
     def step(ids):
         r = run_step(st, ids, Topology(), ctx)
-        with record_function("phase:state_hash"):
-            state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
+        if not args.no_hash:
+            with record_function("phase:state_hash"):
+                state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
 
     for b in batches[:-1]:
         step(b)
@@ -119,7 +121,8 @@ def main(argv=None) -> int:
     busy = sum(self_us(e) for e in kernels) / 1e6
     ranges = sorted((e for e in events if e.key.startswith(("op:", "phase:", "autograd::engine::evaluate_function"))),
                     key=dev_us, reverse=True)
-    print(f"\n{args.backend} step, {c.n_layers} layers, T {c.seq_len}, {args.batch} windows: wall {wall:.3f} s, "
+    arm = args.backend + (" (no hashing)" if args.no_hash else "")
+    print(f"\n{arm} step, {c.n_layers} layers, T {c.seq_len}, {args.batch} windows: wall {wall:.3f} s, "
           f"GPU kernels {busy:.3f} s ({100 * busy / wall:.0f}% busy)\n")
     print("| range | calls | GPU ms | share of wall | CPU ms |\n| --- | --- | --- | --- | --- |")
     rows = []
@@ -133,8 +136,8 @@ def main(argv=None) -> int:
     for e in sorted(kernels, key=self_us, reverse=True)[:args.top]:
         top.append({"kernel": e.key[:120], "calls": e.count, "gpu_ms": self_us(e) / 1e3})
         print(f"| {e.key[:90]} | {e.count} | {self_us(e) / 1e3:.2f} | {100 * self_us(e) / 1e6 / wall:.1f}% |")
-    out.write_text(json.dumps({"backend": args.backend, "layers": c.n_layers, "seq_len": c.seq_len,
-                               "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy, "ranges": rows,
+    out.write_text(json.dumps({"backend": args.backend, "hashing": not args.no_hash, "layers": c.n_layers,
+                               "seq_len": c.seq_len, "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy, "ranges": rows,
                                "kernels": top, "gpu": torch.cuda.get_device_name()}, indent=1))
     print(f"wrote {out}")
     return 0

@@ -13,7 +13,11 @@ Every arm trains on the same token ids (random, seeded: speed does not depend on
   (on the GPU, kernels/triton/statehash.py), i.e. everything the trainer does per step but the log write;
 - `triton-nohash`: the Triton arm with stage digests off and no state hash. Hashing's share of the step is
   1 - (triton-nohash step / triton step), measured, not summed from host timers (a digest's host timer would
-  also count the queued GPU work it waits for).
+  also count the queued GPU work it waits for);
+- `triton-statehash`: stage digests off, the state hash on (params, m, v, grads, RNG and data cursor): the
+  state hash's own share, 1 - (triton-nohash step / triton-statehash step). It hashes four model-sized tensor
+  sets; the stage digests add the partial gradients (one set per microbatch) and clipped ones if clipping
+  scaled them, the rest they share with the state hash (app/digests.DigestMemo).
 
 A step is `--accum` microbatches of `--batch` windows (gradient accumulation, as the report's protocol:
 OPEN-1B ran 4 windows of 4,096 tokens per microbatch, 6 microbatches per GPU per step in its main phase);
@@ -42,7 +46,7 @@ from app.config import ModelConfig, Topology  # noqa: E402
 from app.presets import OPEN_1B  # noqa: E402
 
 PEAK_BF16 = 989.4e12  # H200 SXM dense bf16 tensor-core peak, FLOP/s
-ARMS = ("stock", "ref", "triton", "triton-nohash")
+ARMS = ("stock", "ref", "triton", "triton-nohash", "triton-statehash")
 
 
 def proxy(layers: int, seq_len: int) -> ModelConfig:
@@ -104,13 +108,15 @@ def bench_stock(c: ModelConfig, batches, warmup: int, accum: int) -> dict:
     return out
 
 
-def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str, hashing: bool = True) -> dict:
+def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str, stage: bool = True,
+               hashing: bool = True) -> dict:
+    """One of our arms: stage digests on or off, the state hash on or off."""
     from app.init import init_params
     from app.state_hash import canonical_json, code_version, state_entries, state_hash
     from app.step import StepContext, TrainState, run_step
 
     cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": batch, "train.batch_phases": ((1 << 50, batch * accum),),
-                             "train.heldout_windows": 0, "train.stage_digests": hashing})
+                             "train.heldout_windows": 0, "train.stage_digests": stage})
     ctx = StepContext.build(cfg, "cuda", backend=backend)
     st = TrainState.fresh(init_params(c, cfg.train.seed, ctx.device))
     code, cj = code_version(), canonical_json(cfg.to_dict()).decode()
@@ -147,9 +153,10 @@ def main(argv=None) -> int:
     for arm in args.arms:
         t0 = time.time()
         try:
+            backend, _, hashing = arm.partition("-")
             r = bench_stock(c, batches, args.warmup, args.accum) if arm == "stock" else \
-                bench_ours(c, args.batch, args.accum, batches, args.warmup, arm.removesuffix("-nohash"),
-                           hashing=not arm.endswith("-nohash"))
+                bench_ours(c, args.batch, args.accum, batches, args.warmup, backend, stage=not hashing,
+                           hashing=hashing != "nohash")
         except Exception as e:  # noqa: BLE001 - one failing arm must not hide the others' numbers
             print(f"{arm}: failed: {type(e).__name__}: {e}", flush=True)
             rows.append({"arm": arm, "error": f"{type(e).__name__}: {e}"})
@@ -159,8 +166,9 @@ def main(argv=None) -> int:
         print(f"{arm}: {r}", flush=True)
     base = next((r for r in rows if r["arm"] == "stock" and "error" not in r), None)
     ok = {r["arm"]: r for r in rows if "error" not in r}
-    if "triton" in ok and "triton-nohash" in ok:
-        ok["triton"]["hash_share"] = 1 - ok["triton-nohash"]["step_s"] / ok["triton"]["step_s"]
+    for arm in ("triton", "triton-statehash"):
+        if arm in ok and "triton-nohash" in ok:
+            ok[arm]["hash_share"] = 1 - ok["triton-nohash"]["step_s"] / ok[arm]["step_s"]
     print(f"\nopen-1b proxy: {c.n_layers} layers, T {c.seq_len}, {args.accum} x {args.batch} windows/step ({tokens:,} tokens), "
           f"{fpt / 1e9:.2f} GFLOP/token\n")
     print("| arm | step s | tok/s | MFU (bf16 peak) | stock / arm | hash share | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- |")

@@ -2,7 +2,7 @@
 vs stock PyTorch vs the BR reference on CUDA, each against its floor: the larger of (bytes moved / bandwidth) and
 (operations / the H200's nominal dense rate for the units it runs on).
 
-    python benchmarks/triton_kernels.py [--tokens 8192] [--out benchmarks/results/triton_kernels.json]
+    python benchmarks/triton_kernels.py [--tokens 8192] [--ops hadamard rotated] [--out benchmarks/results/triton_kernels.json]
     TRITON_INTERPRET=1 python benchmarks/triton_kernels.py --smoke   # CPU: every case once, tiny shapes, no timing
 
 Shapes follow open-1b (hidden 2048, FFN 5632, vocab 32768). Times are medians of triton.testing.do_bench
@@ -151,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--skip-ref", action="store_true", help="leave out the (slow) eager reference")
     ap.add_argument("--smoke", action="store_true", help="run each case once at tiny shapes, no timing")
+    ap.add_argument("--ops", nargs="+", default=None, metavar="WORD",
+                    help="only the rows whose op name contains one of these words (e.g. hadamard rotated)")
     ap.add_argument("--out", default="benchmarks/results/triton_kernels.json")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -171,6 +173,8 @@ def main(argv=None) -> int:
         table.add_column(col, justify="left" if col == "op" else "right")
     rows = []
     for name, shape, nbytes, ops8, flops16, t_fn, s_fn, r_fn in cases(args.tokens, 2048, 5632, args.vocab, dev):
+        if args.ops and not any(w in name for w in args.ops):
+            continue
         t_ms = do_bench(t_fn, return_mode="median")
         s_ms = do_bench(s_fn, return_mode="median")
         r_ms = None if args.skip_ref else do_bench(r_fn, warmup=1, rep=1, return_mode="median")
