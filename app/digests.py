@@ -107,8 +107,21 @@ class DigestMemo:
 
     def __init__(self) -> None:
         self._known: dict[int, tuple[torch.Tensor, bytes]] = {}
+        self._queued: list[tuple[list[torch.Tensor], object]] = []
+
+    def queue(self, tensors: list[torch.Tensor]) -> None:
+        """Start hashing the tensors not yet known, all in one batch, without waiting: the next `digests` reads
+        them (one wait for several named digests instead of one each, with the GPU idle between)."""
+        queued = {id(t) for ts, _ in self._queued for t in ts}
+        missing = list({id(t): t for t in tensors if id(t) not in self._known and id(t) not in queued}.values())
+        if missing:
+            self._queued.append((missing, queue_raw(missing)))
 
     def digests(self, tensors: list[torch.Tensor]) -> list[bytes]:
+        for ts, read in self._queued:
+            for t, d in zip(ts, read()):
+                self._known[id(t)] = (t, d)
+        self._queued.clear()
         missing = list({id(t): t for t in tensors if id(t) not in self._known}.values())
         for t, d in zip(missing, raw_digests(missing)):
             self._known[id(t)] = (t, d)

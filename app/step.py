@@ -140,17 +140,10 @@ def microbatch_plan(step: int, topology: Topology, micro_batch: int,
     return accum, plan
 
 
-def _settled(device: torch.device) -> float:
-    """perf_counter() once the device's queued work is done: a digest waits for that work anyway (its 32 bytes
-    come to the host), so timing from here keeps the compute before it out of the hashing time, at no cost."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 class _HashClock:
-    """Seconds spent hashing the partial gradients, without waiting on the device for them: on CUDA the GPU time
-    between events recorded around each queued hash (read once the step's work is done), else host time."""
+    """Seconds spent on queued hashes (the partial gradients, the stage digests' batch), without waiting on the
+    device for them: on CUDA the GPU time between events recorded around each (read once the step's work is
+    done), else host time."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -193,6 +186,22 @@ def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, 
             with clock.span():
                 partial_digests.append((wins, PendingNamed(g)))
         yield coord, g
+
+
+def _stage_digests(per_mb: torch.Tensor, partial_digests: list, reduced: dict, clipped: dict, state: TrainState,
+                   memo: DigestMemo, clock: _HashClock) -> tuple[dict[str, str], float]:
+    """The stage digests (module doc), and the perf_counter() their host time counts from. Every stage's tensors
+    are hashed in one queued batch (its GPU time on the clock, from events) and read after one wait for the
+    step's work: not one wait per stage, with the GPU idle while the host prepares the next."""
+    stages = {"reduced": reduced, "clipped": clipped,  # an unclipped step's `clipped` holds `reduced`'s tensors
+              "optimizer": {**{f"param/{k}": v for k, v in state.params.items()},
+                            **{f"m/{k}": v for k, v in state.m.items()}, **{f"v/{k}": v for k, v in state.v.items()}}}
+    with clock.span():
+        memo.queue([x for named in stages.values() for x in named.values()])
+    backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(_read(partial_digests))).encode()).hexdigest()
+    t0 = time.perf_counter()  # the wait above was for the step's work and the queued hashes, timed by the clock
+    return {"forward": tensor_digest(per_mb), "backward": backward,
+            **{k: named_digest(named, memo) for k, named in stages.items()}}, t0
 
 
 def _read(partial_digests: list | None) -> list | None:
@@ -284,17 +293,10 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         clipped = state.grads
     state.step += 1
     state.tokens += (hi - lo) * ctx.cfg.model.seq_len
-    digests = {}
     memo = DigestMemo()
-    t0 = _settled(ctx.device)
+    digests, t0 = {}, time.perf_counter()
     if t.stage_digests and (sharded is None or sharded.writer):
-        backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(_read(partial_digests))).encode()).hexdigest()
-        # an unclipped step's `clipped` holds the very tensors of `reduced`: the memo hashes them once
-        digests = {"forward": tensor_digest(per_mb), "backward": backward, "reduced": named_digest(reduced, memo),
-                   "clipped": named_digest(clipped, memo), "optimizer": named_digest(
-                       {**{f"param/{k}": v for k, v in state.params.items()},
-                        **{f"m/{k}": v for k, v in state.m.items()}, **{f"v/{k}": v for k, v in state.v.items()}},
-                       memo)}
+        digests, t0 = _stage_digests(per_mb, partial_digests, reduced, clipped, state, memo, clock)
     return StepResult(step, (lo, hi), topology.label(), accum, float(means[0]), float(means[1]), float(means[2]),
                       float(norm), float(coef), lr, applied, triggered, digests,
                       time.perf_counter() - t0 + clock.seconds(),

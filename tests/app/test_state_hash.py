@@ -102,3 +102,19 @@ def test_memo_reuses_the_steps_digests_and_named_digest_binds_dtype_and_shape():
     assert PendingNamed({"w": w}).hex() == base
     assert base != named_digest({"w": w.reshape(2, 3)}) and base != named_digest({"w": w.view(torch.int32)})
     assert base != named_digest({"x": w}) and base == named_digest({"w": w.clone()})
+
+
+def test_memo_queue_hashes_each_tensor_once_and_gives_the_same_digests(monkeypatch):
+    import app.digests as dg
+
+    a, b, c = torch.arange(9, dtype=torch.float32), torch.ones(4, dtype=torch.bfloat16), torch.tensor(-0.0)
+    hashed = []
+    real = dg.queue_raw
+    monkeypatch.setattr(dg, "queue_raw", lambda ts: hashed.extend(id(t) for t in ts) or real(ts))
+    memo = dg.DigestMemo()
+    memo.queue([a, b, a])
+    memo.queue([b, c])  # b is in flight already: only c is new
+    assert sorted(hashed) == sorted([id(a), id(b), id(c)])
+    got_named, got_raw = dg.named_digest({"a": a, "c": c}, memo), memo.digests([b, a])
+    assert len(hashed) == 3  # read from the queue, not hashed again
+    assert got_named == dg.named_digest({"a": a, "c": c}) and got_raw == dg.raw_digests([b, a])
