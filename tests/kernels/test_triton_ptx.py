@@ -14,33 +14,20 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from kernels.triton import adamw, elementary, reduce, rmsnorm, rope, softmax, statehash, swiglu  # noqa: E402
 from kernels.triton import attention, contraction, embedding, hadamard, int8_linear, intmm  # noqa: E402
 from kernels.triton import exactsum, loss, rotated_mm  # noqa: E402
-from kernels.triton.launch import BR_OPTIONS  # noqa: E402
+from kernels.triton.offline import compile_sm90, ptxas_usage  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
 FORBIDDEN = re.compile(r"\b(fma\.rn\.f(32|64)|mad\.(rn\.)?f(32|64)|(div|rcp|sqrt|rsqrt|ex2|lg2)\.approx"
                        r"|div\.full|[a-z0-9.]*\.ftz[a-z0-9.]*)")
 P32, P64, I32, I64, I8 = "*fp32", "*fp64", "*i32", "*i64", "*i8"
 
 
 def ptx(fn, sig: dict, options: dict | None = None, **constexprs) -> str:
-    """PTX of a jit function for sm_90, compiled with the launch options every twin uses.
-
-    Pointers and the integer arguments named in options["aligned"] are marked divisible by 16, as a launch
-    with 16-aligned tensors and sizes specializes them (what lets a GEMM's loads become async copies).
-    """
-    options = dict(options or {})
-    aligned = options.pop("aligned", ())
-    sig = {**sig, **{k: "constexpr" for k in constexprs}}
-    names = fn.arg_names
-    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*") or k in aligned}
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=TARGET, options={**BR_OPTIONS, **options}).asm["ptx"]
+    """PTX of a jit function for sm_90 (kernels/triton/offline.compile_sm90)."""
+    return compile_sm90(fn, sig, options, **constexprs).asm["ptx"]
 
 
 def _double_hex(v: float) -> str:
@@ -200,6 +187,19 @@ def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
         text = compiled7[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
         assert "cp.async" in text, name
+
+
+def test_issue7_the_head_contraction_fits_its_registers():
+    """The hp GEMM at its production tile (contraction.config(3)) keeps its three int32 accumulators and the
+    int64/float64 epilogue in registers: ptxas reports no spills (a spill in the K loop is local-memory traffic
+    on every step). The report is read from Triton's own ptxas."""
+    fn, sig, opts, ce = KERNELS7["hp_gemm"]
+    cfg = contraction.config(3)
+    assert {k: ce[k] for k in ("BM", "BN", "BK", "GROUP_M")} == {k: cfg[k] for k in ("BM", "BN", "BK", "GROUP_M")}
+    assert (opts["num_warps"], opts["num_stages"]) == (cfg["num_warps"], cfg["num_stages"])
+    use = ptxas_usage(compile_sm90(fn, sig, opts, **ce))
+    assert 0 < use["registers"] <= 255 and use["shared"] > 0, use
+    assert use["spill_stores"] == 0 and use["spill_loads"] == 0, use
 
 
 def test_issue7_division_and_rounding(compiled7):
