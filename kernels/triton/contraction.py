@@ -289,16 +289,20 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
 
 
 SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the epilogue's scratch
+# alternative tiles per use ("causal": attention's logits, "dw": the head's dW), {"BM", "BN", "num_warps"}: what a
+# tile sweep sets (benchmarks/ab_tiles.py); empty in production. Tiles are free choices for the bits.
+TILES: dict[str, dict] = {}
 
 
-def config(slices: int = 3) -> dict:
+def config(slices: int = 3, use: str | None = None) -> dict:
     """Tiles (free choices for the bits). Three int32 accumulators per tile: BN = 64 keeps them in registers.
     Pipeline stages as many as the int8 A and B slice tiles fit in shared memory (4 slices: 2 stages)."""
     if INTERPRET:
         return dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=1)
-    bm, bn, bk = 128, 64, 128
+    tile = {"BM": 128, "BN": 64, "num_warps": 8, **TILES.get(use, {})}
+    bm, bn, bk = tile["BM"], tile["BN"], 128
     stages = max(1, min(3, SMEM_BYTES // (slices * (bm + bn) * bk)))
-    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=8, num_stages=stages)
+    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=tile["num_warps"], num_stages=stages)
 
 
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
@@ -309,7 +313,7 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
         return out
-    cfg = config(slices)
+    cfg = config(slices, "causal" if causal is not None else None)
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     t, window = causal if causal is not None else (1, None)
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,

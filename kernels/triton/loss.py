@@ -25,6 +25,7 @@ from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
 F32 = torch.float32
 F64 = torch.float64
 ROW_BLOCK = 2048
+DW_HOLD = False  # dW's float64 running sum held in registers across token blocks (see _dw_kernel; a sweep's knob)
 
 
 @triton.jit(do_not_specialize=["V", "top", "ignore_index"])
@@ -98,23 +99,31 @@ def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2, q
 
 
 @triton.jit
-def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, V, D, NB, Kp, sa, sb,
+def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, V, D, NB, Kp, sa, sb, HOLD: tl.constexpr,
                SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     """dw64 [V, D] += float64(hp(g_blk^T, h_blk)) for the chunk's token blocks, in ascending order.
 
-    The float64 running sum is read and written around each block's contraction rather than held through it,
-    so the tile carries only the int32 slice accumulators (the contraction's tile shape, hp.config); holding
-    it measured slower on the H200 (docs/perf.md, issue-7 notes)."""
+    Without HOLD the float64 running sum is read and written around each block's contraction, so the tile
+    carries only the int32 slice accumulators; with HOLD it stays in registers from the first block to the last
+    (same adds, same order: float64 loads and stores are exact). Which is faster depends on the tile
+    (benchmarks/ptxas_report.py, docs/perf.md)."""
     rm, rn = hp.tile_rows(tl.program_id(0), V, D, BM, BN, GROUP_M)
     a_live, b_live = rm < V, rn < D
     am, bn = tl.where(a_live, rm, 0).to(tl.int64), tl.where(b_live, rn, 0).to(tl.int64)
     out = dw_ptr + rm[:, None].to(tl.int64) * D + rn[None, :]
     om = a_live[:, None] & b_live[None, :]
+    if HOLD:
+        total = tl.load(out, mask=om, other=0.0)
     for blk in range(0, NB):
         y = hp.hp_tile(ga_ptr, hb_ptr, blk * V + am, blk * D + bn, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr,
                        a_live, b_live, False, SLICES, BM, BN, BK)  # K = one token block
-        acc = tl.load(out, mask=om, other=0.0)
-        tl.store(out, acc + y.to(tl.float64), mask=om)  # the block's float32 product, added in float64 in order
+        if HOLD:
+            total = total + y.to(tl.float64)  # the block's float32 product, added in float64 in order
+        else:
+            acc = tl.load(out, mask=om, other=0.0)
+            tl.store(out, acc + y.to(tl.float64), mask=om)
+    if HOLD:
+        tl.store(out, total, mask=om)
 
 
 def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n32, c0, c1, need_h, need_w):
@@ -138,10 +147,10 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n3
         # g^T and h per token block: row v (or d) of block b holds tokens b*TB.. of the chunk
         ga = hp.split(buf, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n_c)
         hb = hp.split(hc, nb * d, tb, hc.stride(1), hc.stride(0), batch_rows=d, s_batch=tb * hc.stride(0), lim=n_c)
-        cfg = hp.config(ga.q.shape[0])
+        cfg = hp.config(ga.q.shape[0], "dw")
         grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
         _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64, v, d, nb, ga.q.shape[2], ga.q.stride(0),
-                         hb.q.stride(0), SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)
+                         hb.q.stride(0), HOLD=DW_HOLD, SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)
 
 
 class _CrossEntropyZLoss(torch.autograd.Function):

@@ -589,6 +589,22 @@ def test_cross_entropy_zloss(n, d, v, chunk, z_weight, ignored):
             assert_same(run(t_loss.cross_entropy_zloss, CUDA, grads), run(r_loss.cross_entropy_zloss, CUDA, grads))
 
 
+@pytest.mark.parametrize("hold", [False, True], ids=["dW sum stored per block", "dW sum held"])
+def test_cross_entropy_zloss_dw_sum_held_or_stored(hold, monkeypatch):
+    """The head's dW kernel either way round (loss.DW_HOLD): two chunks, token blocks 8 + 3, the last short."""
+    monkeypatch.setattr(t_loss, "DW_HOLD", hold)
+    n, d, v = 1300, 33, 50
+    h, w = normal((n, d), "ce-hold", n), normal((v, d), "ce-hold", "w", std=0.5)
+    tg = philox.random_bits(seed("ce-hold", "t"), 0, n) % v
+
+    def dw(fn, dev):
+        ww = w.to(dev).clone().requires_grad_(True)
+        fn(h.to(dev), ww, tg.to(dev), chunk=1024)[0].backward()
+        return ww.grad
+
+    assert mismatches(dw(t_loss.cross_entropy_zloss, CUDA), dw(r_loss.cross_entropy_zloss, "cpu")) == 0
+
+
 def test_cross_entropy_zloss_nonfinite_row():
     h, w = normal((140, 24), "ce-nf"), normal((40, 24), "ce-nf", "w")
     h[7, 3] = float("nan")  # a NaN token: its logits, ce, z and g are NaN; the means are NaN

@@ -1,0 +1,106 @@
+"""Tile sweep of the head's dW kernel and the causal hp contraction (the two GEMMs that spill at their
+production tiles, benchmarks/ptxas_report.py): each variant's forward + backward against production's, bits
+compared (loss, ce, z, dh, dW; attention's output, dq, dk, dv) and times as ratios, in one run.
+
+    python benchmarks/ab_tiles.py [--out benchmarks/results/ab_tiles.json]
+    TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
+
+Shapes: the open-1b proxy's head (8,192 tokens, d 2048, vocab 128,256) and one attention layer (4 windows of
+2,048, 16 query / 4 kv heads of 128, causal). Times: median of triton.testing.do_bench (CUDA events).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernels.ref import philox  # noqa: E402
+from kernels.triton import attention as t_att, contraction as hp, loss as t_loss  # noqa: E402
+
+# (name, contraction.TILES entry or None, loss.DW_HOLD); the first of each group is production
+LOSS_VARIANTS = [("production (128 x 64, sum stored)", None, False),
+                 ("dW 128 x 32, sum stored", {"dw": {"BM": 128, "BN": 32}}, False),
+                 ("dW 64 x 64, sum stored", {"dw": {"BM": 64, "BN": 64}}, False),
+                 ("dW 128 x 32, sum held", {"dw": {"BM": 128, "BN": 32}}, True),
+                 ("dW 64 x 32 (4 warps), sum held", {"dw": {"BM": 64, "BN": 32, "num_warps": 4}}, True)]
+ATTENTION_VARIANTS = [("production (128 x 64)", None, False),
+                      ("causal 128 x 32", {"causal": {"BM": 128, "BN": 32}}, False),
+                      ("causal 64 x 64", {"causal": {"BM": 64, "BN": 64}}, False)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int32)
+
+
+def _cases(n: int, d: int, v: int, b: int, t: int, dev):
+    h = philox.normal(1, 0, (n, d), device=dev).requires_grad_(True)
+    w = philox.normal(2, 0, (v, d), std=0.02, device=dev).requires_grad_(True)
+    tg = philox.random_bits(3, 0, n, device=dev) % v
+    q = philox.normal(4, 0, (b, 16 if d >= 128 else 2, t, min(d, 128)), device=dev).requires_grad_(True)
+    k = philox.normal(5, 0, (b, 4 if d >= 128 else 1, t, min(d, 128)), device=dev).requires_grad_(True)
+    va = philox.normal(6, 0, tuple(k.shape), device=dev).requires_grad_(True)
+
+    def loss_fb():
+        for x in (h, w):
+            x.grad = None
+        loss, ce, z = t_loss.cross_entropy_zloss(h, w, tg)
+        loss.backward()
+        return [loss, ce, z, h.grad, w.grad]
+
+    def attention_fb():
+        for x in (q, k, va):
+            x.grad = None
+        out = t_att.attention(q, k, va)
+        out.backward(torch.ones_like(out))
+        return [out, q.grad, k.grad, va.grad]
+    return {"cross-entropy + z-loss fwd+bwd": (loss_fb, LOSS_VARIANTS),
+            "attention fwd+bwd": (attention_fb, ATTENTION_VARIANTS)}
+
+
+def _with(tiles, hold, fn):
+    hp.TILES.clear()
+    hp.TILES.update(tiles or {})
+    t_loss.DW_HOLD = hold
+    try:
+        return fn()
+    finally:
+        hp.TILES.clear()
+        t_loss.DW_HOLD = False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (TRITON_INTERPRET=1 on a CPU)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ab_tiles.json"))
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = (300, 40, 77, 1, 40) if args.smoke else (8192, 2048, 128256, 4, 2048)
+    rows = []
+    for op, (fn, variants) in _cases(*shapes, dev).items():
+        want = [_bits(x).clone() for x in fn()]
+        base_ms = None
+        for name, tiles, hold in variants:
+            same = all(torch.equal(_bits(a), b) for a, b in zip(_with(tiles, hold, fn), want))
+            ms = None
+            if not args.smoke:
+                from triton.testing import do_bench
+                ms = _with(tiles, hold, lambda: do_bench(fn, warmup=2, rep=200, return_mode="median"))
+                base_ms = base_ms or ms
+            rows.append(dict(op=op, variant=name, tiles=tiles, hold=hold, same_bits=same, ms=ms,
+                             vs_production=None if ms is None else base_ms / ms))
+            print(f"{op:32s} {name:36s} bits {'same' if same else 'DIFFER'}"
+                  + ("" if ms is None else f"  {ms:8.3f} ms  {base_ms / ms:.2f}x"), flush=True)
+    if not args.smoke:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    return 0 if all(r["same_bits"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
