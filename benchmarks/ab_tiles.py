@@ -1,6 +1,8 @@
 """Tile sweep of the head's dW kernel and the causal hp contraction (the two GEMMs that spill at their
-production tiles, benchmarks/ptxas_report.py): each variant's forward + backward against production's, bits
-compared (loss, ce, z, dh, dW; attention's output, dq, dk, dv) and times as ratios, in one run.
+production tiles, benchmarks/ptxas_report.py), and of the hp split (188 registers a thread at its tile: one
+block of 8 warps per SM for a bandwidth-bound kernel): each variant against production's, bits compared
+(loss, ce, z, dh, dW; attention's output, dq, dk, dv; the slices, exponents and flags) and times as ratios,
+in one run.
 
     python benchmarks/ab_tiles.py [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
@@ -29,13 +31,18 @@ LOSS_VARIANTS = [("production (128 x 64, sum stored)", None, False),
                  ("dW 64 x 64, sum stored", {"dw": {"BM": 64, "BN": 64}}, False),
                  ("dW 128 x 32, sum held", {"dw": {"BM": 128, "BN": 32}}, True),
                  ("dW 64 x 32 (4 warps), sum held", {"dw": {"BM": 64, "BN": 32, "num_warps": 4}}, True)]
+# (name, (SPLIT_R, SPLIT_K, SPLIT_WARPS)): rows x elements per program, warps
+SPLIT_VARIANTS = [("production (32 x 128, 8 warps)", (32, 128, 8)), ("16 x 128, 8 warps", (16, 128, 8)),
+                  ("32 x 64, 8 warps", (32, 64, 8)), ("32 x 128, 16 warps", (32, 128, 16)),
+                  ("16 x 128, 4 warps", (16, 128, 4))]
 ATTENTION_VARIANTS = [("production (128 x 64)", None, False),
                       ("causal 128 x 32", {"causal": {"BM": 128, "BN": 32}}, False),
                       ("causal 64 x 64", {"causal": {"BM": 64, "BN": 64}}, False)]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().view(torch.int32)
+    t = t.detach().contiguous()
+    return t.view({1: torch.uint8, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def _cases(n: int, d: int, v: int, b: int, t: int, dev):
@@ -59,19 +66,31 @@ def _cases(n: int, d: int, v: int, b: int, t: int, dev):
         out = t_att.attention(q, k, va)
         out.backward(torch.ones_like(out))
         return [out, q.grad, k.grad, va.grad]
+    chunk = philox.normal(7, 0, (min(n, 1024), v), device=dev)  # one chunk's [tokens, V] logits (or g)
+    nb = -(-chunk.shape[0] // 128)
+
+    def split_both():
+        # the head's W by rows (for the logits) and a chunk by token blocks (dW's g^T), as the loss cuts them
+        cuts = [hp.split(w.detach(), v, d, d, 1),
+                hp.split(chunk, nb * v, 128, 1, v, batch_rows=v, s_batch=128 * v, lim=chunk.shape[0])]
+        return [t for c in cuts for t in (c.q, c.e, c.bad)]
     return {"cross-entropy + z-loss fwd+bwd": (loss_fb, LOSS_VARIANTS),
-            "attention fwd+bwd": (attention_fb, ATTENTION_VARIANTS)}
+            "attention fwd+bwd": (attention_fb, ATTENTION_VARIANTS),
+            "hp.split (W rows, logits token blocks)": (split_both, [(n, None, False, sp) for n, sp in SPLIT_VARIANTS])}
 
 
-def _with(tiles, hold, fn):
+def _with(tiles, hold, split, fn):
+    production = hp.SPLIT_R, hp.SPLIT_K, hp.SPLIT_WARPS
     hp.TILES.clear()
     hp.TILES.update(tiles or {})
     t_loss.DW_HOLD = hold
+    hp.SPLIT_R, hp.SPLIT_K, hp.SPLIT_WARPS = split or production
     try:
         return fn()
     finally:
         hp.TILES.clear()
         t_loss.DW_HOLD = False
+        hp.SPLIT_R, hp.SPLIT_K, hp.SPLIT_WARPS = production
 
 
 def main(argv=None) -> int:
@@ -85,16 +104,17 @@ def main(argv=None) -> int:
     for op, (fn, variants) in _cases(*shapes, dev).items():
         want = [_bits(x).clone() for x in fn()]
         base_ms = None
-        for name, tiles, hold in variants:
-            same = all(torch.equal(_bits(a), b) for a, b in zip(_with(tiles, hold, fn), want))
+        for name, tiles, hold, *split in variants:
+            split = split[0] if split else None
+            same = all(torch.equal(_bits(a), b) for a, b in zip(_with(tiles, hold, split, fn), want))
             ms = None
             if not args.smoke:
                 from triton.testing import do_bench
-                ms = _with(tiles, hold, lambda: do_bench(fn, warmup=2, rep=200, return_mode="median"))
+                ms = _with(tiles, hold, split, lambda: do_bench(fn, warmup=2, rep=200, return_mode="median"))
                 base_ms = base_ms or ms
-            rows.append(dict(op=op, variant=name, tiles=tiles, hold=hold, same_bits=same, ms=ms,
+            rows.append(dict(op=op, variant=name, tiles=tiles, hold=hold, split=split, same_bits=same, ms=ms,
                              vs_production=None if ms is None else base_ms / ms))
-            print(f"{op:32s} {name:36s} bits {'same' if same else 'DIFFER'}"
+            print(f"{op:40s} {name:36s} bits {'same' if same else 'DIFFER'}"
                   + ("" if ms is None else f"  {ms:8.3f} ms  {base_ms / ms:.2f}x"), flush=True)
     if not args.smoke:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -18,12 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# (row, PTX-table entry, constexpr overrides, options overrides); the first row of each kernel is production's
+# label -> (PTX-table entry, [(BM or R, BN or BK, warps, stages)]); each kernel's first tile is production's
 TILES = {
     "hp (head logits, dh)": ("hp_gemm", [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3)]),
     "hp causal (attention)": ("hp_gemm_causal", [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3)]),
     "head dW": ("loss_dw", [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3), (64, 32, 4, 3)]),
     "head dW, sum held": ("loss_dw_hold", [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3), (64, 32, 4, 3)]),
+    "hp split (R x BK, warps)": ("hp_split", [(32, 128, 8, 1), (16, 128, 8, 1), (32, 64, 8, 1), (32, 128, 16, 1),
+                                              (16, 128, 4, 1)]),
     "int8 GEMM + epilogue": ("int8_gemm_epilogue", [(128, 128, 8, 4), (128, 64, 8, 4), (64, 128, 4, 4)]),
 }
 
@@ -52,8 +54,9 @@ def main(argv=None) -> int:
     for label, (entry, tiles) in TILES.items():
         fn, sig, opts, ce = table7[entry]
         for bm, bn, warps, stages in tiles:
+            tile = {"R": bm, "BK": bn} if "R" in ce else {"BM": bm, "BN": bn}  # the split's rows x elements
             use = ptxas_usage(compile_sm90(fn, sig, {**opts, "num_warps": warps, "num_stages": stages},
-                                           **{**ce, "BM": bm, "BN": bn}))
+                                           **{**ce, **tile}))
             rows.append(dict(kernel=label, BM=bm, BN=bn, num_warps=warps, num_stages=stages, **use))
             table.add_row(label, f"{bm} x {bn}, {warps}, {stages}", str(use["registers"]), str(use["spill_stores"]),
                           str(use["spill_loads"]), f"{use['shared'] / 1024:.0f}")

@@ -24,7 +24,7 @@ from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton
 
 F32 = torch.float32
 KS = tl.constexpr(65536)  # K-steps per int32 accumulation: 4 * 64 * 64 * 2^16 = 2^30 < 2^31
-SPLIT_R, SPLIT_K = 32, 128
+SPLIT_R, SPLIT_K, SPLIT_WARPS = 32, 128, 8  # a split's tile and warps: free for the bits (max and slices per element)
 SPLIT_PROGRAMS = 1024  # programs worth launching for a split (~8 per H200 SM): K is cut into segments to reach it
 
 
@@ -134,9 +134,10 @@ def split(x: torch.Tensor, rows: int, k: int, s_row: int, s_col: int, slices: in
     grid = (tiles, nseg)
     if nseg > 1:
         _split_stats_kernel[grid](x, s_batch, rb, s_row, s_col, rows, k, lim, seg, part, badp, R=SPLIT_R, BK=SPLIT_K,
-                                  num_warps=8, **BR_OPTIONS)
+                                  num_warps=SPLIT_WARPS, **BR_OPTIONS)
     _split_kernel[grid](x, s_batch, rb, s_row, s_col, rows, k, lim, kp, seg, nseg, part, badp, out.q, out.e, out.bad,
-                        STATS=nseg > 1, SLICES=slices, R=SPLIT_R, BK=SPLIT_K, num_warps=8, **BR_OPTIONS)
+                        STATS=nseg > 1, SLICES=slices, R=SPLIT_R, BK=SPLIT_K, num_warps=SPLIT_WARPS,
+                        **BR_OPTIONS)
     return out
 
 
