@@ -5,7 +5,8 @@
 The same open-1b proxy as benchmarks/train_throughput.py. Every op the forward calls through the backend
 namespace, every autograd backward node and the step's phases (reduction, clip, AdamW, stage digests, state
 hash) become profiler ranges; the table lists each range's GPU kernel time (summed over calls) and share of
-the step, then the heaviest kernels. GPU busy time against the wall clock says how much is launch overhead.
+the step, then the heaviest kernels, and the heaviest (kernel, launch grid) pairs from the trace. GPU busy
+time against the wall clock says how much is launch overhead.
 Writes JSON (benchmarks/results/profile_step.json) and a Chrome trace next to it.
 """
 from __future__ import annotations
@@ -65,6 +66,18 @@ def _phases() -> None:
         setattr(s, name, _ranged(getattr(s, name), f"phase:{name}"))
 
 
+def kernels_by_grid(trace: Path) -> list[dict]:
+    """GPU time per (kernel, launch grid) from the Chrome trace, heaviest first: which calls of a kernel that
+    runs at several shapes (a split, the hp GEMM) carry its time."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for e in json.loads(trace.read_text()).get("traceEvents", []):
+        if e.get("cat") == "kernel" and "dur" in e:
+            key = (e.get("name", "?"), "x".join(str(g) for g in e.get("args", {}).get("grid", [])))
+            groups.setdefault(key, []).append(e["dur"])
+    rows = [{"kernel": k[:120], "grid": g, "calls": len(d), "gpu_ms": sum(d) / 1e3} for (k, g), d in groups.items()]
+    return sorted(rows, key=lambda r: r["gpu_ms"], reverse=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="triton", choices=("ref", "triton"))
@@ -110,7 +123,8 @@ def main(argv=None) -> int:
         wall = time.perf_counter() - t0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(out.with_suffix(".trace.json")))
+    trace = out.with_suffix(".trace.json")
+    prof.export_chrome_trace(str(trace))
     events = prof.key_averages()
     dev_us = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)  # noqa: E731
     self_us = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
@@ -136,9 +150,14 @@ def main(argv=None) -> int:
     for e in sorted(kernels, key=self_us, reverse=True)[:args.top]:
         top.append({"kernel": e.key[:120], "calls": e.count, "gpu_ms": self_us(e) / 1e3})
         print(f"| {e.key[:90]} | {e.count} | {self_us(e) / 1e3:.2f} | {100 * self_us(e) / 1e6 / wall:.1f}% |")
+    by_grid = kernels_by_grid(trace)[:args.top]
+    print("\n| kernel | grid | calls | GPU ms |\n| --- | --- | --- | --- |")
+    for r in by_grid:
+        print(f"| {r['kernel'][:60]} | {r['grid']} | {r['calls']} | {r['gpu_ms']:.2f} |")
     out.write_text(json.dumps({"backend": args.backend, "hashing": not args.no_hash, "layers": c.n_layers,
-                               "seq_len": c.seq_len, "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy, "ranges": rows,
-                               "kernels": top, "gpu": torch.cuda.get_device_name()}, indent=1))
+                               "seq_len": c.seq_len, "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy,
+                               "ranges": rows, "kernels": top, "kernels_by_grid": by_grid,
+                               "gpu": torch.cuda.get_device_name()}, indent=1))
     print(f"wrote {out}")
     return 0
 
