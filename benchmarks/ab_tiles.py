@@ -1,8 +1,8 @@
 """Tile sweep of the head's dW kernel and the causal hp contraction (the two GEMMs that spill at their
-production tiles, benchmarks/ptxas_report.py), and of the hp split (188 registers a thread at its tile: one
-block of 8 warps per SM for a bandwidth-bound kernel): each variant against production's, bits compared
-(loss, ce, z, dh, dW; attention's output, dq, dk, dv; the slices, exponents and flags) and times as ratios,
-in one run.
+production tiles, benchmarks/ptxas_report.py), of the hp split (188 registers a thread at its tile: one
+block of 8 warps per SM for a bandwidth-bound kernel) and of the loss's row block. Each variant runs against
+production's in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk, dv; the slices,
+exponents and flags) and times as ratios.
 
     python benchmarks/ab_tiles.py [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
@@ -25,19 +25,22 @@ sys.path.insert(0, str(ROOT))
 from kernels.ref import philox  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, loss as t_loss  # noqa: E402
 
-# (name, contraction.TILES entry or None, loss.DW_HOLD); the first of each group is production
-LOSS_VARIANTS = [("production (128 x 64, sum stored)", None, False),
-                 ("dW 128 x 32, sum stored", {"dw": {"BM": 128, "BN": 32}}, False),
-                 ("dW 64 x 64, sum stored", {"dw": {"BM": 64, "BN": 64}}, False),
-                 ("dW 128 x 32, sum held", {"dw": {"BM": 128, "BN": 32}}, True),
-                 ("dW 64 x 32 (4 warps), sum held", {"dw": {"BM": 64, "BN": 32, "num_warps": 4}}, True)]
-# (name, (SPLIT_R, SPLIT_K, SPLIT_WARPS)): rows x elements per program, warps
-SPLIT_VARIANTS = [("production (32 x 128, 8 warps)", (32, 128, 8)), ("16 x 128, 8 warps", (16, 128, 8)),
-                  ("32 x 64, 8 warps", (32, 64, 8)), ("32 x 128, 16 warps", (32, 128, 16)),
-                  ("16 x 128, 4 warps", (16, 128, 4))]
-ATTENTION_VARIANTS = [("production (128 x 64)", None, False),
-                      ("causal 128 x 32", {"causal": {"BM": 128, "BN": 32}}, False),
-                      ("causal 64 x 64", {"causal": {"BM": 64, "BN": 64}}, False)]
+# (name, {(module, attribute): value}): what a variant sets on the modules for its run; each list's first
+# entry is production (nothing set). All are free choices for the bits.
+LOSS_VARIANTS = [("production (dW 128 x 64, sum stored; rows of 2048)", {}),
+                 ("dW 128 x 32, sum stored", {(hp, "TILES"): {"dw": {"BM": 128, "BN": 32}}}),
+                 ("dW 64 x 64, sum stored", {(hp, "TILES"): {"dw": {"BM": 64, "BN": 64}}}),
+                 ("dW 128 x 32, sum held", {(hp, "TILES"): {"dw": {"BM": 128, "BN": 32}}, (t_loss, "DW_HOLD"): True}),
+                 ("dW 64 x 32 (4 warps), sum held", {(hp, "TILES"): {"dw": {"BM": 64, "BN": 32, "num_warps": 4}},
+                                                     (t_loss, "DW_HOLD"): True}),
+                 ("loss rows in blocks of 4096", {(t_loss, "ROW_BLOCK"): 4096}),
+                 ("loss rows in blocks of 4096, 16 warps", {(t_loss, "ROW_BLOCK"): 4096, (t_loss, "ROW_WARPS"): 16})]
+ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
+                      ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
+                      ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}})]
+SPLIT_VARIANTS = [("production (32 x 128, 8 warps)", {})] + [
+    (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
+    for r, k, w in ((16, 128, 8), (32, 64, 8), (32, 128, 16), (16, 128, 4))]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -76,21 +79,19 @@ def _cases(n: int, d: int, v: int, b: int, t: int, dev):
         return [t for c in cuts for t in (c.q, c.e, c.bad)]
     return {"cross-entropy + z-loss fwd+bwd": (loss_fb, LOSS_VARIANTS),
             "attention fwd+bwd": (attention_fb, ATTENTION_VARIANTS),
-            "hp.split (W rows, logits token blocks)": (split_both, [(n, None, False, sp) for n, sp in SPLIT_VARIANTS])}
+            "hp.split (W rows, logits token blocks)": (split_both, SPLIT_VARIANTS)}
 
 
-def _with(tiles, hold, split, fn):
-    production = hp.SPLIT_R, hp.SPLIT_K, hp.SPLIT_WARPS
-    hp.TILES.clear()
-    hp.TILES.update(tiles or {})
-    t_loss.DW_HOLD = hold
-    hp.SPLIT_R, hp.SPLIT_K, hp.SPLIT_WARPS = split or production
+def _with(sets: dict, fn):
+    """fn() with the variant's module attributes set, restored afterwards."""
+    saved = {key: getattr(*key) for key in sets}
     try:
+        for (mod, attr), value in sets.items():
+            setattr(mod, attr, value)
         return fn()
     finally:
-        hp.TILES.clear()
-        t_loss.DW_HOLD = False
-        hp.SPLIT_R, hp.SPLIT_K, hp.SPLIT_WARPS = production
+        for (mod, attr), value in saved.items():
+            setattr(mod, attr, value)
 
 
 def main(argv=None) -> int:
@@ -104,15 +105,15 @@ def main(argv=None) -> int:
     for op, (fn, variants) in _cases(*shapes, dev).items():
         want = [_bits(x).clone() for x in fn()]
         base_ms = None
-        for name, tiles, hold, *split in variants:
-            split = split[0] if split else None
-            same = all(torch.equal(_bits(a), b) for a, b in zip(_with(tiles, hold, split, fn), want))
+        for name, sets in variants:
+            same = all(torch.equal(_bits(a), b) for a, b in zip(_with(sets, fn), want))
             ms = None
             if not args.smoke:
                 from triton.testing import do_bench
-                ms = _with(tiles, hold, split, lambda: do_bench(fn, warmup=2, rep=200, return_mode="median"))
+                ms = _with(sets, lambda: do_bench(fn, warmup=2, rep=200, return_mode="median"))
                 base_ms = base_ms or ms
-            rows.append(dict(op=op, variant=name, tiles=tiles, hold=hold, split=split, same_bits=same, ms=ms,
+            rows.append(dict(op=op, variant=name, sets={f"{m.__name__}.{a}": v for (m, a), v in sets.items()},
+                             same_bits=same, ms=ms,
                              vs_production=None if ms is None else base_ms / ms))
             print(f"{op:40s} {name:36s} bits {'same' if same else 'DIFFER'}"
                   + ("" if ms is None else f"  {ms:8.3f} ms  {base_ms / ms:.2f}x"), flush=True)

@@ -26,6 +26,7 @@ TILES = {
     "head dW, sum held": ("loss_dw_hold", [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3), (64, 32, 4, 3)]),
     "hp split (R x BK, warps)": ("hp_split", [(32, 128, 8, 1), (16, 128, 8, 1), (32, 64, 8, 1), (32, 128, 16, 1),
                                               (16, 128, 4, 1)]),
+    "loss row (BLOCK, warps, -)": ("loss_row", [(2048, 0, 8, 1), (4096, 0, 8, 1), (4096, 0, 16, 1)]),
     "int8 GEMM + epilogue": ("int8_gemm_epilogue", [(128, 128, 8, 4), (128, 64, 8, 4), (64, 128, 4, 4)]),
 }
 
@@ -54,11 +55,13 @@ def main(argv=None) -> int:
     for label, (entry, tiles) in TILES.items():
         fn, sig, opts, ce = table7[entry]
         for bm, bn, warps, stages in tiles:
-            tile = {"R": bm, "BK": bn} if "R" in ce else {"BM": bm, "BN": bn}  # the split's rows x elements
+            # the split's rows x elements, the loss row's elements per step, a GEMM's tile
+            tile = {"R": bm, "BK": bn} if "R" in ce else {"BLOCK": bm} if "BLOCK" in ce else {"BM": bm, "BN": bn}
             use = ptxas_usage(compile_sm90(fn, sig, {**opts, "num_warps": warps, "num_stages": stages},
                                            **{**ce, **tile}))
             rows.append(dict(kernel=label, BM=bm, BN=bn, num_warps=warps, num_stages=stages, **use))
-            table.add_row(label, f"{bm} x {bn}, {warps}, {stages}", str(use["registers"]), str(use["spill_stores"]),
+            shape = f"{bm}, {warps}, {stages}" if "BLOCK" in ce else f"{bm} x {bn}, {warps}, {stages}"
+            table.add_row(label, shape, str(use["registers"]), str(use["spill_stores"]),
                           str(use["spill_loads"]), f"{use['shared'] / 1024:.0f}")
     Console(width=120).print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
 
 F32 = torch.float32
 F64 = torch.float64
-ROW_BLOCK = 2048
+ROW_BLOCK, ROW_WARPS = 2048, 8  # the row kernel's elements per step and warps: free for the bits (a sweep's knobs)
 DW_HOLD = False  # dW's float64 running sum held in registers across token blocks (see _dw_kernel; a sweep's knob)
 
 
@@ -138,7 +138,8 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n3
     gs = hp.empty_sliced(n_c if need_h else 0, v, w_rows.q.shape[0], h.device)  # dh's g slices, cut in place
     _row_kernel[(n_c,)](buf, targets[c0:c1], ce[c0:c1], z[c0:c1], v, top, ignore_index, z2, gs.q, gs.e, gs.bad,
                         gs.q.shape[1] * gs.q.shape[2], gs.q.shape[2], NEED_G=need_g, SPLIT_G=need_h,
-                        SLICES=gs.q.shape[0], BLOCK=min(pow2_at_least(v), ROW_BLOCK), num_warps=8, **BR_OPTIONS)
+                        SLICES=gs.q.shape[0], BLOCK=min(pow2_at_least(v), ROW_BLOCK), num_warps=ROW_WARPS,
+                        **BR_OPTIONS)
     if need_h:
         dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32)[0]
     if need_w:
