@@ -38,10 +38,6 @@ def _load_old(folder: Path):
     return mods["hadamard"], mods["rotated_mm"]
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({1: torch.uint8, 4: torch.int32}[t.element_size()])
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True, type=Path, help="folder with the older hadamard.py and rotated_mm.py")
@@ -51,6 +47,7 @@ def main(argv=None) -> int:
     from rich.table import Table
     from triton.testing import do_bench
 
+    from kernels.digest import bits_equal
     from kernels.ref import philox
     from kernels.triton import hadamard as new_had, rotated_mm as new_rot
 
@@ -73,16 +70,17 @@ def main(argv=None) -> int:
     for name, (src, r, c, s_row, s_col, pre) in cases.items():
         run = lambda m: m.rotate_quantize(src, r, c, s_row, s_col, block=256, pre=pre)  # noqa: E731
         want, t_old = run(old_rot), timed(lambda: run(old_rot))
+        default = new_rot.TILE
         for tile in (2048, 4096, 8192):
             new_rot.TILE = tile
-            same = all(torch.equal(_bits(a), _bits(b)) for a, b in zip(run(new_rot), want))
+            same = all(bits_equal(a, b) for a, b in zip(run(new_rot), want))
             rows.append(dict(case=name, tile=tile, old_ms=t_old, new_ms=timed(lambda: run(new_rot)), same_bits=same))
-    new_rot.TILE = new_had.TILE
+        new_rot.TILE = default
     want, t_old = old_had.block_hadamard(g, 1), timed(lambda: old_had.block_hadamard(g, 1))
     default = new_had.PASS_TILE
     for tile in (1024, 2048, 4096):
         new_had.PASS_TILE = tile
-        same = torch.equal(_bits(new_had.block_hadamard(g, 1)), _bits(want))
+        same = bits_equal(new_had.block_hadamard(g, 1), want)
         rows.append(dict(case="block_hadamard(G, 256)", tile=tile, old_ms=t_old,
                          new_ms=timed(lambda: new_had.block_hadamard(g, 1)), same_bits=same))
     new_had.PASS_TILE = default

@@ -22,6 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kernels.digest import bits_equal  # noqa: E402
 from kernels.ref import philox  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, loss as t_loss  # noqa: E402
 
@@ -41,11 +42,6 @@ ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
 SPLIT_VARIANTS = [("production (32 x 128, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((16, 128, 8), (32, 64, 8), (32, 128, 16), (16, 128, 4))]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().contiguous()
-    return t.view({1: torch.uint8, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def _cases(n: int, d: int, v: int, b: int, t: int, dev):
@@ -103,10 +99,10 @@ def main(argv=None) -> int:
     shapes = (300, 40, 77, 1, 40) if args.smoke else (8192, 2048, 128256, 4, 2048)
     rows = []
     for op, (fn, variants) in _cases(*shapes, dev).items():
-        want = [_bits(x).clone() for x in fn()]
+        want = [x.detach().clone() for x in fn()]
         base_ms = None
         for name, sets in variants:
-            same = all(torch.equal(_bits(a), b) for a, b in zip(_with(sets, fn), want))
+            same = all(bits_equal(a, b) for a, b in zip(_with(sets, fn), want))
             ms = None
             if not args.smoke:
                 from triton.testing import do_bench

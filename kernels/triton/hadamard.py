@@ -16,8 +16,7 @@ from kernels.ref import hadamard as ref
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
 
 MAX_L = 1024  # the longest butterfly held in registers
-TILE = 4096   # elements per program (rows x L) of rotate_quantize
-PASS_TILE = 2048  # of a standalone pass (measured fastest on the H200: docs/perf.md)
+PASS_TILE = 2048  # elements per program (rows x L) of a standalone pass (fastest on the H200: docs/perf.md)
 
 
 @triton.jit

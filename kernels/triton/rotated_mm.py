@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.ref import hadamard as ref_had, rotated_mm as ref
-from kernels.triton.hadamard import MAX_L, TILE, butterfly_parts, deal, gather, split_length
+from kernels.triton.hadamard import MAX_L, butterfly_parts, deal, gather, split_length
 from kernels.triton.ieee import div_rn, isfinite, rint
 from kernels.triton.intmm import gemm
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
@@ -23,6 +23,7 @@ from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
 F32 = torch.float32
 QMAX = tl.constexpr(127.0)
 PLAIN_L = 128  # tile width along C when nothing is rotated
+TILE = 4096  # elements per program (rows x L) of rotate_quantize (fastest on the H200: docs/perf.md)
 
 
 @triton.jit
