@@ -78,6 +78,52 @@ def kernels_by_grid(trace: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["gpu_ms"], reverse=True)
 
 
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def _range_name(e: dict) -> str | None:
+    name = e.get("name", "")
+    if e.get("cat") in ("user_annotation", "cpu_op") and name.startswith(("op:", "phase:", "autograd::engine")):
+        return name.replace("autograd::engine::evaluate_function: ", "bwd:")
+    return None
+
+
+def idle_by_range(trace: Path) -> list[dict]:
+    """Idle GPU time and host synchronizations per range, from the Chrome trace. A gap between two GPU
+    events is charged to the innermost range (latest start) around the host call that launched the second:
+    the host was still getting there. Syncs are the host calls that wait for the GPU (a pageable copy, a
+    scalar read), counted by the range that made them."""
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    ranges = sorted(((e["ts"], e["ts"] + e["dur"], n) for e in events if "dur" in e and (n := _range_name(e))),
+                    key=lambda r: r[0])
+    runtime = {e["args"]["correlation"]: e for e in events
+               if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+
+    def where(t: float) -> str:
+        inside = [r for r in ranges if r[0] <= t <= r[1]]
+        return max(inside, key=lambda r: r[0])[2] if inside else "(outside any range)"
+    rows: dict[str, dict] = {}
+
+    def row(name: str) -> dict:
+        return rows.setdefault(name, {"range": name, "idle_ms": 0.0, "gaps": 0, "syncs": 0, "sync_ms": 0.0})
+    gpu = sorted((e for e in events if e.get("cat") in _GPU_CATS and "dur" in e), key=lambda e: e["ts"])
+    for prev, nxt in zip(gpu, gpu[1:]):
+        gap = nxt["ts"] - (prev["ts"] + prev["dur"])
+        launch = runtime.get(nxt.get("args", {}).get("correlation"))
+        if gap > 0 and launch is not None:
+            r = row(where(launch["ts"]))
+            r["idle_ms"] += gap / 1e3
+            r["gaps"] += 1
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") == "cuda_runtime" and name.startswith(_SYNCS) and not name.startswith("cudaMemcpyAsync"):
+            r = row(where(e["ts"]))
+            r["syncs"] += 1
+            r["sync_ms"] += e.get("dur", 0) / 1e3
+    return sorted(rows.values(), key=lambda r: r["idle_ms"], reverse=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="triton", choices=("ref", "triton"))
@@ -154,9 +200,14 @@ def main(argv=None) -> int:
     print("\n| kernel | grid | calls | GPU ms |\n| --- | --- | --- | --- |")
     for r in by_grid:
         print(f"| {r['kernel'][:60]} | {r['grid']} | {r['calls']} | {r['gpu_ms']:.2f} |")
+    idle = idle_by_range(trace)
+    print("\n| range (launching after a GPU gap) | idle GPU ms | gaps | host syncs | sync ms |\n"
+          "| --- | --- | --- | --- | --- |")
+    for r in idle[:args.top]:
+        print(f"| {r['range'][:60]} | {r['idle_ms']:.2f} | {r['gaps']} | {r['syncs']} | {r['sync_ms']:.2f} |")
     out.write_text(json.dumps({"backend": args.backend, "hashing": not args.no_hash, "layers": c.n_layers,
                                "seq_len": c.seq_len, "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy,
-                               "ranges": rows, "kernels": top, "kernels_by_grid": by_grid,
+                               "ranges": rows, "kernels": top, "kernels_by_grid": by_grid, "idle_by_range": idle,
                                "gpu": torch.cuda.get_device_name()}, indent=1))
     print(f"wrote {out}")
     return 0
