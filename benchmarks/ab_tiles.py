@@ -1,10 +1,10 @@
-"""Tile sweep of the head's dW kernel and the causal hp contraction (the two GEMMs that spill at their
-production tiles, benchmarks/ptxas_report.py), of the hp split (188 registers a thread at its tile: one
+"""Tile sweep of the head's GEMMs (logits and dh, dW: K steps and pipeline stages) and the causal hp
+contraction, of the hp split (188 registers a thread at its tile: one
 block of 8 warps per SM for a bandwidth-bound kernel) and of the loss's row block. Each variant runs against
 production's in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk, dv; the slices,
 exponents and flags) and times as ratios.
 
-    python benchmarks/ab_tiles.py [--out benchmarks/results/ab_tiles.json]
+    python benchmarks/ab_tiles.py [--ops loss attention split] [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
 
 Shapes: the open-1b proxy's head (8,192 tokens, d 2048, vocab 128,256) and one attention layer (4 windows of
@@ -28,20 +28,19 @@ from kernels.triton import attention as t_att, contraction as hp, loss as t_loss
 
 # (name, {(module, attribute): value}): what a variant sets on the modules for its run; each list's first
 # entry is production (nothing set). All are free choices for the bits.
-LOSS_VARIANTS = [("production (dW 128 x 64, sum stored; rows of 2048)", {}),
-                 ("dW 128 x 32, sum stored", {(hp, "TILES"): {"dw": {"BM": 128, "BN": 32}}}),
-                 ("dW 64 x 64, sum stored", {(hp, "TILES"): {"dw": {"BM": 64, "BN": 64}}}),
-                 ("dW 128 x 32, sum held", {(hp, "TILES"): {"dw": {"BM": 128, "BN": 32}}, (t_loss, "DW_HOLD"): True}),
-                 ("dW 64 x 32 (4 warps), sum held", {(hp, "TILES"): {"dw": {"BM": 64, "BN": 32, "num_warps": 4}},
-                                                     (t_loss, "DW_HOLD"): True}),
-                 ("loss rows in blocks of 4096", {(t_loss, "ROW_BLOCK"): 4096}),
-                 ("loss rows in blocks of 4096, 16 warps", {(t_loss, "ROW_BLOCK"): 4096, (t_loss, "ROW_WARPS"): 16})]
+LOSS_VARIANTS = [("production (head/dW 128 x 64 x 128, 3 stages)", {})] + [
+    (f"{use} {bm} x {bn} x {bk}, {w} warps, {st} stages",
+     {(hp, "TILES"): {u: {"BM": bm, "BN": bn, "BK": bk, "num_warps": w, "num_stages": st} for u in use.split("+")}})
+    for use in ("head", "dw", "head+dw")
+    for bm, bn, bk, w, st in ((128, 64, 64, 8, 4), (128, 64, 64, 8, 5), (64, 64, 128, 4, 2))]
 ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
                       ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
-                      ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}})]
-SPLIT_VARIANTS = [("production (32 x 128, 8 warps)", {})] + [
+                      ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}}),
+                      ("causal 128 x 64 x 64, 4 stages",
+                       {(hp, "TILES"): {"causal": {"BM": 128, "BN": 64, "BK": 64, "num_stages": 4}}})]
+SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
-    for r, k, w in ((16, 128, 8), (32, 64, 8), (32, 128, 16), (16, 128, 4))]
+    for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]
 
 
 def _cases(n: int, d: int, v: int, b: int, t: int, dev):
@@ -73,9 +72,9 @@ def _cases(n: int, d: int, v: int, b: int, t: int, dev):
         cuts = [hp.split(w.detach(), v, d, d, 1),
                 hp.split(chunk, nb * v, 128, 1, v, batch_rows=v, s_batch=128 * v, lim=chunk.shape[0])]
         return [t for c in cuts for t in (c.q, c.e, c.bad)]
-    return {"cross-entropy + z-loss fwd+bwd": (loss_fb, LOSS_VARIANTS),
-            "attention fwd+bwd": (attention_fb, ATTENTION_VARIANTS),
-            "hp.split (W rows, logits token blocks)": (split_both, SPLIT_VARIANTS)}
+    return {"loss": ("cross-entropy + z-loss fwd+bwd", loss_fb, LOSS_VARIANTS),
+            "attention": ("attention fwd+bwd", attention_fb, ATTENTION_VARIANTS),
+            "split": ("hp.split (W rows, logits token blocks)", split_both, SPLIT_VARIANTS)}
 
 
 def _with(sets: dict, fn):
@@ -94,11 +93,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (TRITON_INTERPRET=1 on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ab_tiles.json"))
+    ap.add_argument("--ops", nargs="+", choices=("loss", "attention", "split"), default=("loss", "attention", "split"),
+                    help="which sweeps to run")
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = (300, 40, 77, 1, 40) if args.smoke else (8192, 2048, 128256, 4, 2048)
     rows = []
-    for op, (fn, variants) in _cases(*shapes, dev).items():
+    for key, (op, fn, variants) in _cases(*shapes, dev).items():
+        if key not in args.ops:
+            continue
         want = [x.detach().clone() for x in fn()]
         base_ms = None
         for name, sets in variants:

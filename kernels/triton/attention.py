@@ -23,7 +23,7 @@ from kernels.triton import contraction as hp, softmax as t_soft
 from kernels.triton.fixedpoint import from_fixed, scale_shift, to_fixed
 from kernels.triton.ieee import INF, div_rn, isfinite, nan_f64
 from kernels.triton.intmm import MAX_BATCH
-from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_at_least
+from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, constant, on_triton, pow2_at_least, upload
 from kernels.triton.rotated_mm import code8
 
 F32 = torch.float32
@@ -188,8 +188,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     d = q.shape[-1]
     if not on_triton(q, k, v) or pv_block > MAX_KEYS or d > hp.MAX_K or q.shape[2] > hp.MAX_K:
         return ref.attention(q, k, v, causal=causal, window=window, scale=scale, pv_block=pv_block)
-    sc = ref.default_scale(d, q.device) if scale is None else torch.tensor(float(scale), dtype=F32, device=q.device)
-    allowed = ref.allowed_keys(q.shape[2], causal, window, q.device)
+    sc = constant(ref.default_scale, d, q.device) if scale is None else upload(float(scale), q.device)
+    allowed = constant(ref.allowed_keys, q.shape[2], causal, window, q.device)
     return _Attention.apply(q, k, v, allowed, sc, pv_block, causal, window)
 
 

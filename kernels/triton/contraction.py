@@ -24,7 +24,8 @@ from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton
 
 F32 = torch.float32
 KS = tl.constexpr(65536)  # K-steps per int32 accumulation: 4 * 64 * 64 * 2^16 = 2^30 < 2^31
-SPLIT_R, SPLIT_K, SPLIT_WARPS = 32, 128, 8  # a split's tile and warps: free for the bits (max and slices per element)
+SPLIT_R, SPLIT_K, SPLIT_WARPS = 32, 64, 8  # a split's tile and warps: free for the bits (max and slices per element);
+# 32 x 64 ran 1.33x faster than 32 x 128 on the H200 (benchmarks/ab_tiles.py, docs/perf.md)
 SPLIT_PROGRAMS = 1024  # programs worth launching for a split (~8 per H200 SM): K is cut into segments to reach it
 
 
@@ -290,8 +291,9 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
 
 
 SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the epilogue's scratch
-# alternative tiles per use ("causal": attention's logits, "dw": the head's dW), {"BM", "BN", "num_warps"}: what a
-# tile sweep sets (benchmarks/ab_tiles.py); empty in production. Tiles are free choices for the bits.
+# alternative tiles per use ("head": the LM head's logits and dh, "causal": attention's logits, "dw": the head's
+# dW), {"BM", "BN", "BK", "num_warps", "num_stages"}: what a tile sweep sets (benchmarks/ab_tiles.py); empty in
+# production. Tiles are free choices for the bits.
 TILES: dict[str, dict] = {}
 
 
@@ -300,21 +302,21 @@ def config(slices: int = 3, use: str | None = None) -> dict:
     Pipeline stages as many as the int8 A and B slice tiles fit in shared memory (4 slices: 2 stages)."""
     if INTERPRET:
         return dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=1)
-    tile = {"BM": 128, "BN": 64, "num_warps": 8, **TILES.get(use, {})}
-    bm, bn, bk = tile["BM"], tile["BN"], 128
-    stages = max(1, min(3, SMEM_BYTES // (slices * (bm + bn) * bk)))
+    tile = {"BM": 128, "BN": 64, "BK": 128, "num_warps": 8, **TILES.get(use, {})}
+    bm, bn, bk = tile["BM"], tile["BN"], tile["BK"]
+    stages = tile.get("num_stages") or max(1, min(3, SMEM_BYTES // (slices * (bm + bn) * bk)))
     return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=tile["num_warps"], num_stages=stages)
 
 
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
-            causal: tuple[int, int | None] | None = None) -> torch.Tensor:
+            causal: tuple[int, int | None] | None = None, use: str | None = None) -> torch.Tensor:
     """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows), times the float32
     `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys."""
     slices, _, kp = a.q.shape
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
         return out
-    cfg = config(slices, "causal" if causal is not None else None)
+    cfg = config(slices, use or ("causal" if causal is not None else None))
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     t, window = causal if causal is not None else (1, None)
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,

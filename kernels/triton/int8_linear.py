@@ -20,7 +20,7 @@ from kernels.triton.fixedpoint import (finite_abs, flags_of, from_fixed, nonfini
                                        to_fixed)
 from kernels.triton.ieee import div_rn, isfinite
 from kernels.triton.intmm import gemm
-from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
+from kernels.triton.launch import BR_OPTIONS, cdiv, constant, on_triton, pow2_at_least
 from kernels.triton.reduce import _double_bits, _finish_kernel
 from kernels.triton.rotated_mm import code8, padded16, rotated_product, supported
 
@@ -246,7 +246,7 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
         if need_x:
             dx = dx.reshape(x.shape)
         if need_s:
-            ds = total * ref.lsq_grad_scale(x.numel(), x.device)
+            ds = total * constant(ref.lsq_grad_scale, x.numel(), x.device)
     if need_w:
         # dw_hat = G^T x_hat, contracting over M: a = g2^T rows (element (n, m) at m N + n), b = x_hat columns;
         # the gate |w / s_w| <= 127 runs in the GEMM epilogue

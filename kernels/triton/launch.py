@@ -7,6 +7,7 @@ multiply then a rounded add (Triton would otherwise contract it into an FMA; BR_
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -53,3 +54,20 @@ def cdiv(a: int, b: int) -> int:
 def pow2_at_least(n: int) -> int:
     """The smallest power of two >= max(n, 1)."""
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+@functools.lru_cache(maxsize=256)
+def constant(fn, *args) -> torch.Tensor:
+    """fn(*args), a tensor a twin reads on every call (a scale, a mask), made once per process and arguments.
+    Making one on a CUDA device uploads a host value, and a blocking upload waits for every queued kernel: one
+    wait a run instead of one a call (the GPU sat idle while the host caught up). Callers never write it."""
+    return fn(*args)
+
+
+def upload(value: float, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A host scalar as a 0-dim tensor on `device` (rounded to dtype on the host, as torch.tensor does), copied
+    from pinned memory without waiting for the queued kernels."""
+    t = torch.tensor(value, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -17,15 +17,15 @@ import triton.language as tl
 
 from kernels.ref import fixed as ref_fixed, loss as ref
 from kernels.triton import contraction as hp, reduce as t_reduce
+from kernels.triton.reduce import _double_bits
 from kernels.triton.elementary import exp64, log64
 from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
 from kernels.triton.ieee import INF, div_rn, frexp_exponent, isfinite, nan_f64, pow2
-from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
+from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least, upload
 
 F32 = torch.float32
 F64 = torch.float64
 ROW_BLOCK, ROW_WARPS = 2048, 8  # the row kernel's elements per step and warps: free for the bits (a sweep's knobs)
-DW_HOLD = False  # dW's float64 running sum held in registers across token blocks (see _dw_kernel; a sweep's knob)
 
 
 @triton.jit(do_not_specialize=["V", "top", "ignore_index"])
@@ -98,41 +98,43 @@ def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2, q
             tl.store(bad_ptr + row, tl.max(gbad, 0))
 
 
-@triton.jit
-def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, V, D, NB, Kp, sa, sb, HOLD: tl.constexpr,
-               SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+@triton.jit(do_not_specialize=["inv_bits"])
+def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, dw32_ptr, inv_bits, V, D, NB, Kp, sa, sb,
+               FIRST: tl.constexpr, LAST: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, GROUP_M: tl.constexpr):
     """dw64 [V, D] += float64(hp(g_blk^T, h_blk)) for the chunk's token blocks, in ascending order.
 
-    Without HOLD the float64 running sum is read and written around each block's contraction, so the tile
-    carries only the int32 slice accumulators; with HOLD it stays in registers from the first block to the last
-    (same adds, same order: float64 loads and stores are exact). Which is faster depends on the tile
-    (benchmarks/ptxas_report.py, docs/perf.md)."""
+    The float64 running sum is read and written around each block's contraction, so the tile carries only the
+    int32 slice accumulators (holding the sum in registers across blocks measured 0.86x on the H200). The
+    first chunk's first block adds to 0.0 without reading (the reference's zeros: nothing to fill or read);
+    the last chunk's last block writes the reference's float32(dw64 * (1/n)) into dw32 instead of dw64 (no
+    float64 pass of its own over [V, D])."""
     rm, rn = hp.tile_rows(tl.program_id(0), V, D, BM, BN, GROUP_M)
     a_live, b_live = rm < V, rn < D
     am, bn = tl.where(a_live, rm, 0).to(tl.int64), tl.where(b_live, rn, 0).to(tl.int64)
-    out = dw_ptr + rm[:, None].to(tl.int64) * D + rn[None, :]
+    at = rm[:, None].to(tl.int64) * D + rn[None, :]
     om = a_live[:, None] & b_live[None, :]
-    if HOLD:
-        total = tl.load(out, mask=om, other=0.0)
+    inv = inv_bits.to(tl.int64).to(tl.float64, bitcast=True)
     for blk in range(0, NB):
         y = hp.hp_tile(ga_ptr, hb_ptr, blk * V + am, blk * D + bn, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr,
                        a_live, b_live, False, SLICES, BM, BN, BK)  # K = one token block
-        if HOLD:
-            total = total + y.to(tl.float64)  # the block's float32 product, added in float64 in order
-        else:
-            acc = tl.load(out, mask=om, other=0.0)
-            tl.store(out, acc + y.to(tl.float64), mask=om)
-    if HOLD:
-        tl.store(out, total, mask=om)
+        read = (blk > 0) if FIRST else (blk >= 0)
+        final = (blk == NB - 1) if LAST else (blk < 0)
+        acc = tl.load(dw_ptr + at, mask=om & read, other=0.0)
+        total = acc + y.to(tl.float64)  # the block's float32 product, added in float64 in order
+        tl.store(dw_ptr + at, total, mask=om & (final == 0))
+        tl.store(dw32_ptr + at, (total * inv).to(tl.float32), mask=om & final)  # 1/n in float64, one rounding
 
 
-def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n32, c0, c1, need_h, need_w):
-    """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and the chunk's dW blocks into dw64."""
+def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0, c1, need_h,
+           need_w):
+    """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and the chunk's dW blocks into dw64 (into dw, scaled
+    and rounded, at the last chunk)."""
     n_c = c1 - c0
     v, d = w_rows.q.shape[1], h.shape[1]
     hc = h[c0:c1]
     hs = hp.split(hc, n_c, d, hc.stride(0), hc.stride(1))
-    buf = hp.hp_gemm(hs, w_rows, 1, n_c, v)[0]  # logits [n_c, V]
+    buf = hp.hp_gemm(hs, w_rows, 1, n_c, v, use="head")[0]  # logits [n_c, V]
     need_g = need_h or need_w
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(v)
     gs = hp.empty_sliced(n_c if need_h else 0, v, w_rows.q.shape[0], h.device)  # dh's g slices, cut in place
@@ -141,7 +143,7 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n3
                         SLICES=gs.q.shape[0], BLOCK=min(pow2_at_least(v), ROW_BLOCK), num_warps=ROW_WARPS,
                         **BR_OPTIONS)
     if need_h:
-        dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32)[0]
+        dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32, use="head")[0]
     if need_w:
         tb = ref.TOKEN_BLOCK
         nb = cdiv(n_c, tb)
@@ -150,8 +152,9 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n3
         hb = hp.split(hc, nb * d, tb, hc.stride(1), hc.stride(0), batch_rows=d, s_batch=tb * hc.stride(0), lim=n_c)
         cfg = hp.config(ga.q.shape[0], "dw")
         grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
-        _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64, v, d, nb, ga.q.shape[2], ga.q.stride(0),
-                         hb.q.stride(0), HOLD=DW_HOLD, SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)
+        _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64 if dw64 is not None else dw, dw,
+                         _double_bits(inv_n), v, d, nb, ga.q.shape[2], ga.q.stride(0), hb.q.stride(0),
+                         FIRST=c0 == 0, LAST=c1 == h.shape[0], SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)
 
 
 class _CrossEntropyZLoss(torch.autograd.Function):
@@ -163,23 +166,24 @@ class _CrossEntropyZLoss(torch.autograd.Function):
         valid_all = targets != ignore_index
         count = int(torch.count_nonzero(valid_all))
         inv_n = 1.0 / count if count else 0.0  # br-ok: host double division, IEEE on every host
-        inv_n32 = torch.tensor(inv_n, dtype=F32, device=dev)
+        inv_n32 = upload(inv_n, dev)
         z2 = float(torch.tensor(2.0 * z_weight, dtype=F32))  # the reference's float32 2 z_weight, passed exactly
         ce = torch.zeros(n, dtype=F32, device=dev)
         z = torch.zeros(n, dtype=F32, device=dev)
         dh = torch.zeros_like(h) if need_h else None
-        dw64 = torch.zeros(w.shape, dtype=F64, device=dev) if need_w else None
+        # dW: float64 between chunks (none for one chunk), float32 from the last chunk's kernel (zeros if no target)
+        dw64 = torch.empty(w.shape, dtype=F64, device=dev) if need_w and count and n > chunk else None
+        dw = (torch.empty if count else torch.zeros)(w.shape, dtype=F32, device=dev) if need_w else None
         if count:
             hc = h.contiguous()
             w_rows = hp.split(w, w.shape[0], d, w.stride(0), w.stride(1))  # logits: W's rows over D
             w_cols = hp.split(w, d, w.shape[0], w.stride(1), w.stride(0)) if need_h else None  # dh: over V
             for c0 in range(0, n, chunk):
-                _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, inv_n32, c0,
+                _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0,
                        min(c0 + chunk, n), need_h, need_w)
         ce_mean = t_reduce.exact_sum(ce, 0, scale=inv_n)
         z_mean = t_reduce.exact_sum(z, 0, scale=inv_n)
-        loss = ce_mean + torch.tensor(z_weight, dtype=F32, device=dev) * z_mean
-        dw = (dw64 * inv_n).to(F32) if need_w else None  # 1/n in float64 before the one rounding of dW
+        loss = ce_mean + upload(z_weight, dev) * z_mean
         ctx.save_for_backward(dh, dw)
         ctx.mark_non_differentiable(ce_mean, z_mean)
         return loss, ce_mean, z_mean

@@ -17,7 +17,7 @@ import triton.language as tl
 from kernels.ref import fixed as ref_fixed, reduce as ref
 from kernels.ref.checks import expect
 from kernels.triton.fixedpoint import from_fixed, nonfinite_sum, or_reduce, scale_shift, span_stats, to_fixed
-from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least
+from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least, upload
 
 BLOCK = 1024
 TARGET_PROGRAMS = 1024  # enough programs to fill 132 SMs several times over
@@ -167,7 +167,7 @@ class _Sum(torch.autograd.Function):
         if not ctx.keepdim:
             g = g.unsqueeze(ctx.dim)
         if ctx.scale is not None:
-            g = g * torch.tensor(ctx.scale, dtype=torch.float32, device=g.device)
+            g = g * upload(ctx.scale, g.device)
         return g.expand(ctx.shape).contiguous(), None, None, None
 
 

@@ -98,7 +98,7 @@ W8 = dict(num_warps=8)
 HP_CFG = dict(BM=128, BN=64, BK=128, GROUP_M=8)
 HP_OPTS = dict(aligned=("Kp", "sa", "sb"), num_warps=8, num_stages=3)
 DW_SIG = {"ga_ptr": I8, "hb_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "dw_ptr": P64,
-          "V": "i32", "D": "i32", "NB": "i32", "Kp": "i32", "sa": "i32", "sb": "i32"}
+          "dw32_ptr": P32, "inv_bits": "i64", "V": "i32", "D": "i32", "NB": "i32", "Kp": "i32", "sa": "i32", "sb": "i32"}
 HP_SIG = {"a_ptr": I8, "b_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "out_ptr": P32,
           "post_ptr": P32, "M": "i32", "N": "i32", "Kp": "i32", "sa": "i32", "sb": "i32", "T": "i32", "window": "i32"}
 SPLIT_SIG = {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col": "i32", "rows": "i32", "K": "i32",
@@ -144,8 +144,8 @@ KERNELS7 = {
     "embedding_finish": (embedding._finish_kernel, {"acc_ptr": I64, "flag_ptr": I32, "amax_ptr": P64, "out_ptr": P32,
                                                     "total": "i32", "S": "i32", "top": "i32"}, {},
                          dict(NONFINITE=True, S_POW2=4, BLOCK=1024)),
-    "hp_split": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=False, SLICES=3, R=32, BK=128)),
-    "hp_split_segments": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=True, SLICES=3, R=32, BK=128)),
+    "hp_split": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=False, SLICES=3, R=32, BK=64)),
+    "hp_split_segments": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=True, SLICES=3, R=32, BK=64)),
     "hp_split_stats": (contraction._split_stats_kernel, {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32",
                                                          "s_col": "i32", "rows": "i32", "K": "i32", "lim": "i32",
                                                          "SEG": "i32", "part_ptr": P64, "badp_ptr": I32}, W8,
@@ -160,8 +160,7 @@ KERNELS7 = {
                                     "top": "i32", "ignore_index": "i32", "z2": "fp32", "q_ptr": I8, "e_ptr": I64,
                                     "bad_ptr": I32, "plane": "i32", "Kp": "i32"}, dict(num_warps=8),
                  dict(NEED_G=True, SPLIT_G=True, SLICES=3, BLOCK=2048)),
-    "loss_dw": (loss._dw_kernel, DW_SIG, HP_OPTS, dict(HOLD=False, SLICES=3, **HP_CFG)),
-    "loss_dw_hold": (loss._dw_kernel, DW_SIG, HP_OPTS, dict(HOLD=True, SLICES=3, **{**HP_CFG, "BN": 32})),
+    "loss_dw": (loss._dw_kernel, DW_SIG, HP_OPTS, dict(FIRST=False, LAST=True, SLICES=3, **HP_CFG)),
     "attention_v": (attention._v_kernel, {"v_ptr": P32, "qv_ptr": I8, "sv_ptr": P32, "s_ptr": I64, "bad_ptr": I32,
                                           "T": "i32", "D": "i32", "NB": "i32", "top": "i32"}, {},
                     dict(BLK=64, BLKP=64, BD=64, TT=32)),
@@ -184,7 +183,7 @@ def test_issue7_no_fma_and_no_approximate_ops(compiled7):
 
 def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
     """wgmma s8 x s8 -> s32 (not the older mma.sync path), fed by async copies (a pipelined K loop)."""
-    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "loss_dw", "loss_dw_hold",
+    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "loss_dw",
                  "attention_pv"):
         text = compiled7[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
