@@ -1,8 +1,6 @@
-"""Tile sweep of the head's GEMMs (logits and dh, dW: K steps and pipeline stages) and the causal hp
-contraction, of the hp split (188 registers a thread at its tile: one
-block of 8 warps per SM for a bandwidth-bound kernel) and of the loss's row block. Each variant runs against
-production's in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk, dv; the slices,
-exponents and flags) and times as ratios.
+"""Tile sweep of the loss's row kernel (block, warps), the head's GEMMs (logits and dh, dW), the causal hp
+contraction and the hp split. Each variant runs against production's in one run, bits compared (loss, ce,
+z, dh, dW; attention's output, dq, dk, dv; the slices, exponents and flags) and times as ratios.
 
     python benchmarks/ab_tiles.py [--ops loss attention split] [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
@@ -28,11 +26,12 @@ from kernels.triton import attention as t_att, contraction as hp, loss as t_loss
 
 # (name, {(module, attribute): value}): what a variant sets on the modules for its run; each list's first
 # entry is production (nothing set). All are free choices for the bits.
-LOSS_VARIANTS = [("production (head/dW 128 x 64 x 128, 3 stages)", {})] + [
+LOSS_VARIANTS = [("production (rows 2048 x 8 warps; head/dW 128 x 64 x 128, 3 stages)", {})] + [
+    (f"rows {blk} x {w} warps", {(t_loss, "ROW_BLOCK"): blk, (t_loss, "ROW_WARPS"): w})
+    for blk, w in ((4096, 16), (512, 4))] + [
     (f"{use} {bm} x {bn} x {bk}, {w} warps, {st} stages",
-     {(hp, "TILES"): {u: {"BM": bm, "BN": bn, "BK": bk, "num_warps": w, "num_stages": st} for u in use.split("+")}})
-    for use in ("head", "dw", "head+dw")
-    for bm, bn, bk, w, st in ((128, 64, 64, 8, 4), (128, 64, 64, 8, 5), (64, 64, 128, 4, 2))]
+     {(hp, "TILES"): {use: dict(BM=bm, BN=bn, BK=bk, num_warps=w, num_stages=st)}})
+    for use, (bm, bn, bk, w, st) in (("head", (128, 64, 64, 8, 4)), ("dw", (64, 64, 128, 4, 2)))]
 ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
                       ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
                       ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}}),

@@ -32,7 +32,12 @@ ROW_BLOCK, ROW_WARPS = 2048, 8  # the row kernel's elements per step and warps: 
 def _row_kernel(buf_ptr, targets_ptr, ce_ptr, z_ptr, V, top, ignore_index, z2, q_ptr, e_ptr, bad_ptr, plane, Kp,
                 NEED_G: tl.constexpr, SPLIT_G: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr):
     """Token row: logits in buf -> ce, z; with NEED_G, buf ends holding the row's unscaled gradient g, and with
-    SPLIT_G also its int8 slices for dh = hp(g, W) (q, e, bad: hp.split's bits, without a pass of its own)."""
+    SPLIT_G also its int8 slices for dh = hp(g, W) (q, e, bad: hp.split's bits, without a pass of its own).
+
+    Fusing the sum into the exp pass and the slices into the g pass (the shift and the largest |g| can be
+    known in advance when every e is finite) saved two of the five passes' bytes and gained under 1% of the
+    loss at its best block on the H200 (docs/perf.md): the passes' bytes are not what this kernel waits on.
+    The warps never outnumber a block's elements (see _chunk)."""
     row = tl.program_id(0).to(tl.int64)
     base = buf_ptr + row * V
     tgt = tl.load(targets_ptr + row)
@@ -138,10 +143,13 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, in
     need_g = need_h or need_w
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(v)
     gs = hp.empty_sliced(n_c if need_h else 0, v, w_rows.q.shape[0], h.device)  # dh's g slices, cut in place
+    block = min(pow2_at_least(v), ROW_BLOCK)
+    # no more threads than a block's elements: a replicated element could be overwritten in place before a
+    # sibling thread had read it
+    warps = max(1, min(ROW_WARPS, block // 32))
     _row_kernel[(n_c,)](buf, targets[c0:c1], ce[c0:c1], z[c0:c1], v, top, ignore_index, z2, gs.q, gs.e, gs.bad,
                         gs.q.shape[1] * gs.q.shape[2], gs.q.shape[2], NEED_G=need_g, SPLIT_G=need_h,
-                        SLICES=gs.q.shape[0], BLOCK=min(pow2_at_least(v), ROW_BLOCK), num_warps=ROW_WARPS,
-                        **BR_OPTIONS)
+                        SLICES=gs.q.shape[0], BLOCK=block, num_warps=warps, **BR_OPTIONS)
     if need_h:
         dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32, use="head")[0]
     if need_w:

@@ -604,6 +604,24 @@ def test_cross_entropy_zloss_dw_over_chunks_and_short_blocks():
     assert mismatches(dw(t_loss.cross_entropy_zloss, CUDA), dw(r_loss.cross_entropy_zloss, "cpu")) == 0
 
 
+def test_cross_entropy_zloss_rows_with_edges():
+    """The row kernel with ignored tokens, a token whose target is its largest logit, and a NaN token."""
+    n, d, v = 300, 40, 77
+    h, w = normal((n, d), "ce-row", n), normal((v, d), "ce-row", "w", std=0.5)
+    tg = philox.random_bits(seed("ce-row", "t"), 0, n) % v
+    tg[::7] = -100
+    tg[3] = int(torch.argmax(h[3] @ w.t()))  # the target is the row's largest e: the largest other e is below 1
+    h[11, 5] = float("nan")
+
+    def run(fn, dev):
+        hh, ww = h.to(dev).clone().requires_grad_(True), w.to(dev).clone().requires_grad_(True)
+        loss, ce, z = fn(hh, ww, tg.to(dev), chunk=1024)
+        loss.backward()
+        return {"loss": loss, "ce": ce, "z": z, "dh": hh.grad, "dw": ww.grad}
+
+    assert_same(run(t_loss.cross_entropy_zloss, CUDA), run(r_loss.cross_entropy_zloss, "cpu"))
+
+
 def test_cross_entropy_zloss_nonfinite_row():
     h, w = normal((140, 24), "ce-nf"), normal((40, 24), "ce-nf", "w")
     h[7, 3] = float("nan")  # a NaN token: its logits, ce, z and g are NaN; the means are NaN
