@@ -309,11 +309,17 @@ def config(slices: int = 3, use: str | None = None) -> dict:
 
 
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
-            causal: tuple[int, int | None] | None = None, use: str | None = None) -> torch.Tensor:
+            causal: tuple[int, int | None] | None = None, use: str | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows), times the float32
-    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys."""
+    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys.
+    `out`: a contiguous float32 [batch, m, n] to write into (e.g. rows of a larger buffer)."""
     slices, _, kp = a.q.shape
-    out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
+    if out is None:
+        out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
+    elif out.shape != (batch, m, n) or out.dtype != F32 or not out.is_contiguous():
+        raise ValueError(f"hp_gemm: argument 'out' must be a contiguous float32 {(batch, m, n)}, got "
+                         f"{out.dtype} {tuple(out.shape)} (contiguous: {out.is_contiguous()})")
     if out.numel() == 0:
         return out
     cfg = config(slices, use or ("causal" if causal is not None else None))

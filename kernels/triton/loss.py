@@ -26,6 +26,10 @@ from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least, up
 F32 = torch.float32
 F64 = torch.float64
 ROW_BLOCK, ROW_WARPS = 2048, 8  # the row kernel's elements per step and warps: free for the bits (a sweep's knobs)
+# dW in one launch over every token block, after the chunks (g kept for all tokens: 4 bytes x tokens x V more
+# memory), instead of one launch per chunk with the float64 sum read and written from HBM around each; same
+# adds in the same order. Off until the H200 times it (benchmarks/ab_tiles.py).
+DW_ONE_LAUNCH = False
 
 
 @triton.jit(do_not_specialize=["V", "top", "ignore_index"])
@@ -132,14 +136,14 @@ def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, dw32_
 
 
 def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0, c1, need_h,
-           need_w):
-    """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and the chunk's dW blocks into dw64 (into dw, scaled
-    and rounded, at the last chunk)."""
+           need_w, g_rows=None):
+    """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and, unless `g_rows` (then g is left there for one dW
+    launch over every chunk), the chunk's dW blocks into dw64 (into dw, scaled and rounded, at the last chunk)."""
     n_c = c1 - c0
     v, d = w_rows.q.shape[1], h.shape[1]
     hc = h[c0:c1]
     hs = hp.split(hc, n_c, d, hc.stride(0), hc.stride(1))
-    buf = hp.hp_gemm(hs, w_rows, 1, n_c, v, use="head")[0]  # logits [n_c, V]
+    buf = hp.hp_gemm(hs, w_rows, 1, n_c, v, use="head", out=None if g_rows is None else g_rows[None])[0]  # logits
     need_g = need_h or need_w
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(v)
     gs = hp.empty_sliced(n_c if need_h else 0, v, w_rows.q.shape[0], h.device)  # dh's g slices, cut in place
@@ -152,17 +156,28 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, in
                         SLICES=gs.q.shape[0], BLOCK=block, num_warps=warps, **BR_OPTIONS)
     if need_h:
         dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32, use="head")[0]
-    if need_w:
-        tb = ref.TOKEN_BLOCK
-        nb = cdiv(n_c, tb)
-        # g^T and h per token block: row v (or d) of block b holds tokens b*TB.. of the chunk
-        ga = hp.split(buf, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n_c)
-        hb = hp.split(hc, nb * d, tb, hc.stride(1), hc.stride(0), batch_rows=d, s_batch=tb * hc.stride(0), lim=n_c)
-        cfg = hp.config(ga.q.shape[0], "dw")
-        grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
-        _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64 if dw64 is not None else dw, dw,
-                         _double_bits(inv_n), v, d, nb, ga.q.shape[2], ga.q.stride(0), hb.q.stride(0),
-                         FIRST=c0 == 0, LAST=c1 == h.shape[0], SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)
+    if need_w and g_rows is None:
+        _dw(buf, hc, dw64, dw, inv_n, first=c0 == 0, last=c1 == h.shape[0])
+
+
+def _dw(g: torch.Tensor, h: torch.Tensor, dw64, dw, inv_n: float, first: bool, last: bool) -> None:
+    """dW's token blocks of g [n, V] (the gradient rows) and h [n, D], in ascending order, into dw64 (into dw,
+    times 1/n and rounded, when `last`); `first`: dw64 holds nothing yet."""
+    n, v = g.shape
+    d = h.shape[1]
+    tb = ref.TOKEN_BLOCK
+    nb = cdiv(n, tb)
+    # g^T and h per token block: row v (or d) of block b holds tokens b*TB..
+    ga = hp.split(g, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n)
+    hb = hp.split(h, nb * d, tb, h.stride(1), h.stride(0), batch_rows=d, s_batch=tb * h.stride(0), lim=n)
+    if dw64 is None and not (first and last and nb == 1):
+        raise RuntimeError(f"cross_entropy_zloss: dW over {nb} token blocks (first {first}, last {last}) needs "
+                           f"its float64 running sum, none was allocated")  # the kernel would write float64 into dw
+    cfg = hp.config(ga.q.shape[0], "dw")
+    grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
+    _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64 if dw64 is not None else dw, dw, _double_bits(inv_n),
+                     v, d, nb, ga.q.shape[2], ga.q.stride(0), hb.q.stride(0), FIRST=first, LAST=last,
+                     SLICES=ga.q.shape[0], **cfg, **BR_OPTIONS)
 
 
 class _CrossEntropyZLoss(torch.autograd.Function):
@@ -179,16 +194,24 @@ class _CrossEntropyZLoss(torch.autograd.Function):
         ce = torch.zeros(n, dtype=F32, device=dev)
         z = torch.zeros(n, dtype=F32, device=dev)
         dh = torch.zeros_like(h) if need_h else None
-        # dW: float64 between chunks (none for one chunk), float32 from the last chunk's kernel (zeros if no target)
-        dw64 = torch.empty(w.shape, dtype=F64, device=dev) if need_w and count and n > chunk else None
+        one_launch = DW_ONE_LAUNCH and need_w
+        # dW: a float64 running sum unless one launch has one token block, float32 from the last block's kernel
+        # (zeros if no target)
+        launches, per_launch = (1, n) if one_launch else (cdiv(n, chunk), min(n, chunk))
+        several = launches > 1 or per_launch > ref.TOKEN_BLOCK
+        dw64 = torch.empty(w.shape, dtype=F64, device=dev) if need_w and count and several else None
         dw = (torch.empty if count else torch.zeros)(w.shape, dtype=F32, device=dev) if need_w else None
         if count:
             hc = h.contiguous()
             w_rows = hp.split(w, w.shape[0], d, w.stride(0), w.stride(1))  # logits: W's rows over D
             w_cols = hp.split(w, d, w.shape[0], w.stride(1), w.stride(0)) if need_h else None  # dh: over V
+            g_all = torch.empty((n, w.shape[0]), dtype=F32, device=dev) if one_launch else None
             for c0 in range(0, n, chunk):
-                _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0,
-                       min(c0 + chunk, n), need_h, need_w)
+                c1 = min(c0 + chunk, n)
+                _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0, c1,
+                       need_h, need_w, None if g_all is None else g_all[c0:c1])
+            if one_launch:
+                _dw(g_all, hc, dw64, dw, inv_n, first=True, last=True)
         ce_mean = t_reduce.exact_sum(ce, 0, scale=inv_n)
         z_mean = t_reduce.exact_sum(z, 0, scale=inv_n)
         loss = ce_mean + upload(z_weight, dev) * z_mean

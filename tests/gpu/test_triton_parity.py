@@ -589,19 +589,23 @@ def test_cross_entropy_zloss(n, d, v, chunk, z_weight, ignored):
             assert_same(run(t_loss.cross_entropy_zloss, CUDA, grads), run(r_loss.cross_entropy_zloss, CUDA, grads))
 
 
-def test_cross_entropy_zloss_dw_over_chunks_and_short_blocks():
-    """The head's dW kernel: three chunks (the first adds to zeros, the middle reads and writes the float64 sum,
-    the last writes float32 dW), the last short."""
-    n, d, v = 2100, 33, 50
+@pytest.mark.parametrize("n,chunk,one_launch", [(2100, 1024, False), (1300, 2048, False), (2048, 2048, False),
+                                                (2100, 1024, True), (1000, 1024, True)], ids=str)
+def test_cross_entropy_zloss_dw_over_chunks_and_short_blocks(n, chunk, one_launch, monkeypatch):
+    """The head's dW kernel: chunks of one or two token blocks (the first adds to zeros, the middle ones read and
+    write the float64 sum, the last writes float32 dW), the last short; or every block in one launch after the
+    chunks (loss.DW_ONE_LAUNCH)."""
+    monkeypatch.setattr(t_loss, "DW_ONE_LAUNCH", one_launch)
+    d, v = 33, 50
     h, w = normal((n, d), "ce-dw", n), normal((v, d), "ce-dw", "w", std=0.5)
     tg = philox.random_bits(seed("ce-dw", "t"), 0, n) % v
 
-    def dw(fn, dev):
-        ww = w.to(dev).clone().requires_grad_(True)
-        fn(h.to(dev), ww, tg.to(dev), chunk=1024)[0].backward()
-        return ww.grad
+    def grads(fn, dev):
+        hh, ww = h.to(dev).clone().requires_grad_(True), w.to(dev).clone().requires_grad_(True)
+        fn(hh, ww, tg.to(dev), chunk=chunk)[0].backward()
+        return {"dh": hh.grad, "dw": ww.grad}
 
-    assert mismatches(dw(t_loss.cross_entropy_zloss, CUDA), dw(r_loss.cross_entropy_zloss, "cpu")) == 0
+    assert_same(grads(t_loss.cross_entropy_zloss, CUDA), grads(r_loss.cross_entropy_zloss, "cpu"))
 
 
 def test_cross_entropy_zloss_rows_with_edges():
