@@ -37,7 +37,8 @@ ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
                       ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
                       ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}}),
                       ("causal 128 x 64 x 64, 4 stages",
-                       {(hp, "TILES"): {"causal": {"BM": 128, "BN": 64, "BK": 64, "num_stages": 4}}})]
+                       {(hp, "TILES"): {"causal": {"BM": 128, "BN": 64, "BK": 64, "num_stages": 4}}}),
+                      ("dP without the unseen key tiles (DP_SKIP)", {(t_att, "DP_SKIP"): True})]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]

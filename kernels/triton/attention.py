@@ -29,6 +29,9 @@ from kernels.triton.rotated_mm import code8
 F32 = torch.float32
 MAX_KEYS = 256   # P.V blocks up to this many keys run here (larger pv_block: the reference)
 V_T = 32         # keys per step of the V pass
+# the backward's dP = dO V^T without the key tiles no query of a tile sees, zeros there where finite
+# (contraction._hp_kernel's ZERO_UNSEEN): same dq, dk, dv. Off until the H200 times it (benchmarks/ab_tiles.py).
+DP_SKIP = False
 
 
 @triton.jit(do_not_specialize=["T", "D", "NB", "top"])
@@ -151,6 +154,18 @@ def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, cau
     return hp.hp_gemm(sq, sk, b * hkv, m, t, post=scale, causal=mask).reshape(b, hkv, m, t)
 
 
+def _dp(gog: torch.Tensor, v: torch.Tensor, mask: tuple[int, int | None] | None) -> torch.Tensor:
+    """dP = hp_matmul_(dO, V^T) [B, Hkv, G T, T]; with DP_SKIP and a causal mask, the key tiles no query of a
+    row tile sees hold zeros where their product is finite instead (only ever multiplied by P = 0)."""
+    b, hkv, m, _ = gog.shape
+    t = v.shape[2]
+    if not DP_SKIP or mask is None or b * hkv > MAX_BATCH:
+        return hp.hp_matmul_(gog, v.transpose(-1, -2))
+    sg = hp.operand_rows(gog, hp.DEFAULT_SLICES, transpose=False)
+    sv = hp.operand_rows(v, hp.DEFAULT_SLICES, transpose=False)  # v's rows are v^T's columns: B^T
+    return hp.hp_gemm(sg, sv, b * hkv, m, t, causal=mask, zero_unseen=True).reshape(b, hkv, m, t)
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, allowed, scale, pv_block, causal, window):
@@ -160,6 +175,7 @@ class _Attention(torch.autograd.Function):
         qg = q.reshape(b, hkv, g * t, d)
         p = t_soft.softmax_(_logits(qg, k, allowed, scale, causal, window), -1)
         ctx.save_for_backward(qg, k, v, p, scale)
+        ctx.mask = (t, window) if causal else None
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)
 
@@ -172,7 +188,7 @@ class _Attention(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             dv = hp.hp_matmul_(p.transpose(-1, -2), gog)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            dp = hp.hp_matmul_(gog, v.transpose(-1, -2))
+            dp = _dp(gog, v, ctx.mask)
             ds = t_soft.softmax_backward(p, dp, -1)  # straight-through: the unquantized softmax backward
             if ctx.needs_input_grad[0]:
                 dq = (hp.hp_matmul_(ds, k) * scale).reshape(go.shape)
