@@ -17,11 +17,11 @@ import triton.language as tl
 
 from kernels.ref import fixed as ref_fixed, loss as ref
 from kernels.triton import contraction as hp, reduce as t_reduce
-from kernels.triton.reduce import _double_bits
 from kernels.triton.elementary import exp64, log64
 from kernels.triton.fixedpoint import finite_abs, flags_of, from_fixed, nonfinite_sum, or_reduce, scale_shift, to_fixed
 from kernels.triton.ieee import INF, div_rn, frexp_exponent, isfinite, nan_f64, pow2
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least, upload
+from kernels.triton.reduce import _double_bits
 
 F32 = torch.float32
 F64 = torch.float64
