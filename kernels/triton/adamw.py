@@ -15,7 +15,7 @@ import triton.language as tl
 from kernels.ref import adamw as ref
 from kernels.ref.elementary import bias_correction
 from kernels.triton.ieee import div_rn, sqrt_rn
-from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
+from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, to_device
 
 F32 = torch.float32
 BLOCK = 1024
@@ -57,10 +57,7 @@ def _device_scalars(beta1: str, beta2: str, eps: str, lr: str, weight_decay: str
     """scalars(...) on the device, keyed by the doubles' hex (so -0.0 and 0.0 differ): a step's tensors share
     one or two uploads instead of one host-to-device copy, and its wait, per tensor. Never written."""
     hx = float.fromhex
-    host = scalars(hx(beta1), hx(beta2), hx(eps), hx(lr), hx(weight_decay), step)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)  # no wait for the queued kernels (a new step's lr)
+    return to_device(scalars(hx(beta1), hx(beta2), hx(eps), hx(lr), hx(weight_decay), step), device)
 
 
 def adamw_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int,

@@ -148,22 +148,25 @@ def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, cau
             return logits
         neg = torch.full((), -math.inf, dtype=F32, device=qg.device)
         return torch.where(allowed, logits.view(b, hkv, m // t, t, t), neg).view(b, hkv, m, t)
-    sq = hp.operand_rows(qg, hp.DEFAULT_SLICES, transpose=False)
-    sk = hp.operand_rows(k, hp.DEFAULT_SLICES, transpose=False)  # k's rows are k^T's columns: hp_matmul_'s B^T
-    mask = (t, window) if allowed is not None else None
-    return hp.hp_gemm(sq, sk, b * hkv, m, t, post=scale, causal=mask).reshape(b, hkv, m, t)
+    return _by_keys(qg, k, (t, window) if allowed is not None else None, post=scale)
+
+
+def _by_keys(a: torch.Tensor, keyed: torch.Tensor, mask, **kw) -> torch.Tensor:
+    """hp_matmul_(a, keyed^T) [B, Hkv, G T, T] for rows a [B, Hkv, G T, D] and per-key rows keyed [B, Hkv, T, D]
+    through hp_gemm (its `mask` and keywords: the causal epilogue); keyed's rows are keyed^T's columns (B^T)."""
+    b, hkv, m, _ = a.shape
+    t = keyed.shape[2]
+    sa = hp.operand_rows(a, hp.DEFAULT_SLICES, transpose=False)
+    sk = hp.operand_rows(keyed, hp.DEFAULT_SLICES, transpose=False)
+    return hp.hp_gemm(sa, sk, b * hkv, m, t, causal=mask, **kw).reshape(b, hkv, m, t)
 
 
 def _dp(gog: torch.Tensor, v: torch.Tensor, mask: tuple[int, int | None] | None) -> torch.Tensor:
     """dP = hp_matmul_(dO, V^T) [B, Hkv, G T, T]; with DP_SKIP and a causal mask, the key tiles no query of a
     row tile sees hold zeros where their product is finite instead (only ever multiplied by P = 0)."""
-    b, hkv, m, _ = gog.shape
-    t = v.shape[2]
-    if not DP_SKIP or mask is None or b * hkv > MAX_BATCH:
+    if not DP_SKIP or mask is None or gog.shape[0] * gog.shape[1] > MAX_BATCH:
         return hp.hp_matmul_(gog, v.transpose(-1, -2))
-    sg = hp.operand_rows(gog, hp.DEFAULT_SLICES, transpose=False)
-    sv = hp.operand_rows(v, hp.DEFAULT_SLICES, transpose=False)  # v's rows are v^T's columns: B^T
-    return hp.hp_gemm(sg, sv, b * hkv, m, t, causal=mask, zero_unseen=True).reshape(b, hkv, m, t)
+    return _by_keys(gog, v, mask, zero_unseen=True)
 
 
 class _Attention(torch.autograd.Function):

@@ -64,10 +64,13 @@ def constant(fn, *args) -> torch.Tensor:
     return fn(*args)
 
 
-def upload(value: float, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A host scalar as a 0-dim tensor on `device` (rounded to dtype on the host, as torch.tensor does), copied
-    from pinned memory without waiting for the queued kernels."""
-    t = torch.tensor(value, dtype=dtype)
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`; to CUDA from pinned memory, without waiting for the queued kernels."""
     if torch.device(device).type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def upload(value: float, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A host scalar as a 0-dim tensor on `device` (rounded to dtype on the host, as torch.tensor does)."""
+    return to_device(torch.tensor(value, dtype=dtype), device)

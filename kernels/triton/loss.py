@@ -167,12 +167,12 @@ def _dw(g: torch.Tensor, h: torch.Tensor, dw64, dw, inv_n: float, first: bool, l
     d = h.shape[1]
     tb = ref.TOKEN_BLOCK
     nb = cdiv(n, tb)
-    # g^T and h per token block: row v (or d) of block b holds tokens b*TB..
-    ga = hp.split(g, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n)
-    hb = hp.split(h, nb * d, tb, h.stride(1), h.stride(0), batch_rows=d, s_batch=tb * h.stride(0), lim=n)
     if dw64 is None and not (first and last and nb == 1):
         raise RuntimeError(f"cross_entropy_zloss: dW over {nb} token blocks (first {first}, last {last}) needs "
                            f"its float64 running sum, none was allocated")  # the kernel would write float64 into dw
+    # g^T and h per token block: row v (or d) of block b holds tokens b*TB..
+    ga = hp.split(g, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n)
+    hb = hp.split(h, nb * d, tb, h.stride(1), h.stride(0), batch_rows=d, s_batch=tb * h.stride(0), lim=n)
     cfg = hp.config(ga.q.shape[0], "dw")
     grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
     _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64 if dw64 is not None else dw, dw, _double_bits(inv_n),
