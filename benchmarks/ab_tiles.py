@@ -31,14 +31,12 @@ LOSS_VARIANTS = [("production (rows 2048 x 8 warps; head/dW 128 x 64 x 128, 3 st
     for blk, w in ((4096, 16), (512, 4))] + [
     (f"{use} {bm} x {bn} x {bk}, {w} warps, {st} stages",
      {(hp, "TILES"): {use: dict(BM=bm, BN=bn, BK=bk, num_warps=w, num_stages=st)}})
-    for use, (bm, bn, bk, w, st) in (("head", (128, 64, 64, 8, 4)), ("dw", (64, 64, 128, 4, 2)))] + [
-    ("dW in one launch after the chunks (g kept for all tokens)", {(t_loss, "DW_ONE_LAUNCH"): True})]
+    for use, (bm, bn, bk, w, st) in (("head", (128, 64, 64, 8, 4)), ("dw", (64, 64, 128, 4, 2)))]
 ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
                       ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
                       ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}}),
                       ("causal 128 x 64 x 64, 4 stages",
-                       {(hp, "TILES"): {"causal": {"BM": 128, "BN": 64, "BK": 64, "num_stages": 4}}}),
-                      ("dP without the unseen key tiles (DP_SKIP)", {(t_att, "DP_SKIP"): True})]
+                       {(hp, "TILES"): {"causal": {"BM": 128, "BN": 64, "BK": 64, "num_stages": 4}}})]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]

@@ -29,9 +29,6 @@ from kernels.triton.rotated_mm import code8
 F32 = torch.float32
 MAX_KEYS = 256   # P.V blocks up to this many keys run here (larger pv_block: the reference)
 V_T = 32         # keys per step of the V pass
-# the backward's dP = dO V^T without the key tiles no query of a tile sees, zeros there where finite
-# (contraction._hp_kernel's ZERO_UNSEEN): same dq, dk, dv. Off until the H200 times it (benchmarks/ab_tiles.py).
-DP_SKIP = False
 
 
 @triton.jit(do_not_specialize=["T", "D", "NB", "top"])
@@ -148,25 +145,10 @@ def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, cau
             return logits
         neg = torch.full((), -math.inf, dtype=F32, device=qg.device)
         return torch.where(allowed, logits.view(b, hkv, m // t, t, t), neg).view(b, hkv, m, t)
-    return _by_keys(qg, k, (t, window) if allowed is not None else None, post=scale)
-
-
-def _by_keys(a: torch.Tensor, keyed: torch.Tensor, mask, **kw) -> torch.Tensor:
-    """hp_matmul_(a, keyed^T) [B, Hkv, G T, T] for rows a [B, Hkv, G T, D] and per-key rows keyed [B, Hkv, T, D]
-    through hp_gemm (its `mask` and keywords: the causal epilogue); keyed's rows are keyed^T's columns (B^T)."""
-    b, hkv, m, _ = a.shape
-    t = keyed.shape[2]
-    sa = hp.operand_rows(a, hp.DEFAULT_SLICES, transpose=False)
-    sk = hp.operand_rows(keyed, hp.DEFAULT_SLICES, transpose=False)
-    return hp.hp_gemm(sa, sk, b * hkv, m, t, causal=mask, **kw).reshape(b, hkv, m, t)
-
-
-def _dp(gog: torch.Tensor, v: torch.Tensor, mask: tuple[int, int | None] | None) -> torch.Tensor:
-    """dP = hp_matmul_(dO, V^T) [B, Hkv, G T, T]; with DP_SKIP and a causal mask, the key tiles no query of a
-    row tile sees hold zeros where their product is finite instead (only ever multiplied by P = 0)."""
-    if not DP_SKIP or mask is None or gog.shape[0] * gog.shape[1] > MAX_BATCH:
-        return hp.hp_matmul_(gog, v.transpose(-1, -2))
-    return _by_keys(gog, v, mask, zero_unseen=True)
+    sq = hp.operand_rows(qg, hp.DEFAULT_SLICES, transpose=False)
+    sk = hp.operand_rows(k, hp.DEFAULT_SLICES, transpose=False)  # k's rows are k^T's columns: hp_matmul_'s B^T
+    mask = (t, window) if allowed is not None else None
+    return hp.hp_gemm(sq, sk, b * hkv, m, t, post=scale, causal=mask).reshape(b, hkv, m, t)
 
 
 class _Attention(torch.autograd.Function):
@@ -178,7 +160,6 @@ class _Attention(torch.autograd.Function):
         qg = q.reshape(b, hkv, g * t, d)
         p = t_soft.softmax_(_logits(qg, k, allowed, scale, causal, window), -1)
         ctx.save_for_backward(qg, k, v, p, scale)
-        ctx.mask = (t, window) if causal else None
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)
 
@@ -191,7 +172,7 @@ class _Attention(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             dv = hp.hp_matmul_(p.transpose(-1, -2), gog)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            dp = _dp(gog, v, ctx.mask)
+            dp = hp.hp_matmul_(gog, v.transpose(-1, -2))
             ds = t_soft.softmax_backward(p, dp, -1)  # straight-through: the unquantized softmax backward
             if ctx.needs_input_grad[0]:
                 dq = (hp.hp_matmul_(ds, k) * scale).reshape(go.shape)

@@ -260,29 +260,13 @@ def _seen(rm, rn, T, window, WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _finite_product(ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_rows, b_rows, a_live, b_live, headroom):
-    """Whether every entry of the tile's product is finite: no non-finite row or column, and no float32
-    overflow (|entry| < K 2^(ea + eb) <= 2^126 when ea + eb <= headroom = 126 - bits of K)."""
-    ea = tl.max(tl.load(ea_ptr + a_rows, mask=a_live, other=0), 0)
-    eb = tl.max(tl.load(eb_ptr + b_rows, mask=b_live, other=0), 0)
-    bad = tl.max(tl.load(bada_ptr + a_rows, mask=a_live, other=0), 0) | tl.max(tl.load(badb_ptr + b_rows,
-                                                                                     mask=b_live, other=0), 0)
-    return (ea + eb <= headroom) & (bad == 0)
-
-
-@triton.jit
 def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, M, N, Kp, sa, sb, T, window,
-               headroom, HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-               ZERO_UNSEEN: tl.constexpr, LONG_K: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+               HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LONG_K: tl.constexpr,
+               SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T).
 
     CAUSAL (attention logits, queries x keys): entries a query does not see are -inf, after the POST factor,
-    as the reference's torch.where; a tile none of whose queries sees any of its keys skips the contraction.
-    With ZERO_UNSEEN (attention's dP, whose unseen entries only ever meet a probability of exactly 0) nothing
-    is masked, and a tile no query sees is written as zeros instead when its product would be finite
-    (_finite_product): the softmax backward then takes 0 * (finite - d) there, the reference's zeros up to their
-    sign, which no later split can see; a tile that could hold a non-finite entry is computed."""
+    as the reference's torch.where; a tile none of whose queries sees any of its keys skips the contraction."""
     batch = tl.program_id(1).to(tl.int64)
     rm, rn = tile_rows(tl.program_id(0), M, N, BM, BN, GROUP_M)
     a_live, b_live = rm < M, rn < N
@@ -291,23 +275,18 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
     b_rows = batch * N + tl.where(b_live, rn, 0)
     if CAUSAL:
         seen = _seen(rm, rn, T, window, WINDOW)
-        need = tl.max(tl.where(seen & a_live[:, None] & b_live[None, :], 1, 0)) > 0
-        if ZERO_UNSEEN:
-            need = need | (_finite_product(ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_rows, b_rows, a_live, b_live,
-                                           headroom) == 0)
-        if need:
+        if tl.max(tl.where(seen & a_live[:, None] & b_live[None, :], 1, 0)) > 0:
             y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live,
                         b_live, LONG_K, SLICES, BM, BN, BK)
-        else:  # logits: every entry is masked below, its value never shows; dP: zeros (see above)
-            y = tl.full([BM, BN], 0.0 if ZERO_UNSEEN else -INF, tl.float32)
+        else:
+            y = tl.full([BM, BN], -INF, tl.float32)  # every entry is masked below: its value never shows
     else:
         y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
                     LONG_K, SLICES, BM, BN, BK)
     if HAS_POST:
         y = y * tl.load(post_ptr)  # a float32 factor after the rounding, as the caller's eager multiply
     if CAUSAL:
-        if not ZERO_UNSEEN:
-            y = tl.where(seen, y, -INF)
+        y = tl.where(seen, y, -INF)
     tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=a_live[:, None] & b_live[None, :])
 
 
@@ -330,28 +309,20 @@ def config(slices: int = 3, use: str | None = None) -> dict:
 
 
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
-            causal: tuple[int, int | None] | None = None, use: str | None = None,
-            out: torch.Tensor | None = None, zero_unseen: bool = False) -> torch.Tensor:
+            causal: tuple[int, int | None] | None = None, use: str | None = None) -> torch.Tensor:
     """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows), times the float32
-    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys
-    (with `zero_unseen`: no mask, and the tiles no query sees zero where finite: attention's dP, _hp_kernel).
-    `out`: a contiguous float32 [batch, m, n] to write into (e.g. rows of a larger buffer)."""
+    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys."""
     slices, _, kp = a.q.shape
-    if out is None:
-        out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
-    elif out.shape != (batch, m, n) or out.dtype != F32 or not out.is_contiguous():
-        raise ValueError(f"hp_gemm: argument 'out' must be a contiguous float32 {(batch, m, n)}, got "
-                         f"{out.dtype} {tuple(out.shape)} (contiguous: {out.is_contiguous()})")
+    out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
         return out
     cfg = config(slices, use or ("causal" if causal is not None else None))
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     t, window = causal if causal is not None else (1, None)
-    headroom = 126 - kp.bit_length()  # |entry| < K 2^(ea + eb): float32-finite while ea + eb <= headroom
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,
-                     a.q.stride(0), b.q.stride(0), t, window or 0, headroom, HAS_POST=post is not None,
-                     CAUSAL=causal is not None, WINDOW=window is not None, ZERO_UNSEEN=zero_unseen and causal is not None,
-                     LONG_K=kp > KS.value, SLICES=slices, **cfg, **BR_OPTIONS)
+                     a.q.stride(0), b.q.stride(0), t, window or 0, HAS_POST=post is not None,
+                     CAUSAL=causal is not None, WINDOW=window is not None, LONG_K=kp > KS.value, SLICES=slices,
+                     **cfg, **BR_OPTIONS)
     return out
 
 

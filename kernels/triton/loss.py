@@ -26,10 +26,6 @@ from kernels.triton.reduce import _double_bits
 F32 = torch.float32
 F64 = torch.float64
 ROW_BLOCK, ROW_WARPS = 2048, 8  # the row kernel's elements per step and warps: free for the bits (a sweep's knobs)
-# dW in one launch over every token block, after the chunks (g kept for all tokens: 4 bytes x tokens x V more
-# memory), instead of one launch per chunk with the float64 sum read and written from HBM around each; same
-# adds in the same order. Off until the H200 times it (benchmarks/ab_tiles.py).
-DW_ONE_LAUNCH = False
 
 
 @triton.jit(do_not_specialize=["V", "top", "ignore_index"])
@@ -136,14 +132,14 @@ def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, dw32_
 
 
 def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0, c1, need_h,
-           need_w, g_rows=None):
-    """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and, unless `g_rows` (then g is left there for one dW
-    launch over every chunk), the chunk's dW blocks into dw64 (into dw, scaled and rounded, at the last chunk)."""
+           need_w):
+    """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and the chunk's dW blocks into dw64 (into dw, scaled
+    and rounded, at the last chunk)."""
     n_c = c1 - c0
     v, d = w_rows.q.shape[1], h.shape[1]
     hc = h[c0:c1]
     hs = hp.split(hc, n_c, d, hc.stride(0), hc.stride(1))
-    buf = hp.hp_gemm(hs, w_rows, 1, n_c, v, use="head", out=None if g_rows is None else g_rows[None])[0]  # logits
+    buf = hp.hp_gemm(hs, w_rows, 1, n_c, v, use="head")[0]  # logits [n_c, V]
     need_g = need_h or need_w
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(v)
     gs = hp.empty_sliced(n_c if need_h else 0, v, w_rows.q.shape[0], h.device)  # dh's g slices, cut in place
@@ -156,7 +152,7 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, in
                         SLICES=gs.q.shape[0], BLOCK=block, num_warps=warps, **BR_OPTIONS)
     if need_h:
         dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32, use="head")[0]
-    if need_w and g_rows is None:
+    if need_w:
         _dw(buf, hc, dw64, dw, inv_n, first=c0 == 0, last=c1 == h.shape[0])
 
 
@@ -194,24 +190,19 @@ class _CrossEntropyZLoss(torch.autograd.Function):
         ce = torch.zeros(n, dtype=F32, device=dev)
         z = torch.zeros(n, dtype=F32, device=dev)
         dh = torch.zeros_like(h) if need_h else None
-        one_launch = DW_ONE_LAUNCH and need_w
-        # dW: a float64 running sum unless one launch has one token block, float32 from the last block's kernel
-        # (zeros if no target)
-        launches, per_launch = (1, n) if one_launch else (cdiv(n, chunk), min(n, chunk))
-        several = launches > 1 or per_launch > ref.TOKEN_BLOCK
+        # dW: a float64 running sum unless all tokens are one token block (chunks are whole blocks, and a chunk
+        # may hold several), float32 from the last block's kernel (zeros if no target). Keeping g for all tokens
+        # for one dW launch measured 0.85x (docs/perf.md).
+        several = n > ref.TOKEN_BLOCK
         dw64 = torch.empty(w.shape, dtype=F64, device=dev) if need_w and count and several else None
         dw = (torch.empty if count else torch.zeros)(w.shape, dtype=F32, device=dev) if need_w else None
         if count:
             hc = h.contiguous()
             w_rows = hp.split(w, w.shape[0], d, w.stride(0), w.stride(1))  # logits: W's rows over D
             w_cols = hp.split(w, d, w.shape[0], w.stride(1), w.stride(0)) if need_h else None  # dh: over V
-            g_all = torch.empty((n, w.shape[0]), dtype=F32, device=dev) if one_launch else None
             for c0 in range(0, n, chunk):
-                c1 = min(c0 + chunk, n)
-                _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0, c1,
-                       need_h, need_w, None if g_all is None else g_all[c0:c1])
-            if one_launch:
-                _dw(g_all, hc, dw64, dw, inv_n, first=True, last=True)
+                _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0,
+                       min(c0 + chunk, n), need_h, need_w)
         ce_mean = t_reduce.exact_sum(ce, 0, scale=inv_n)
         z_mean = t_reduce.exact_sum(z, 0, scale=inv_n)
         loss = ce_mean + upload(z_weight, dev) * z_mean

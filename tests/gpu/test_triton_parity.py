@@ -589,13 +589,11 @@ def test_cross_entropy_zloss(n, d, v, chunk, z_weight, ignored):
             assert_same(run(t_loss.cross_entropy_zloss, CUDA, grads), run(r_loss.cross_entropy_zloss, CUDA, grads))
 
 
-@pytest.mark.parametrize("n,chunk,one_launch", [(2100, 1024, False), (1300, 2048, False), (2048, 2048, False),
-                                                (2100, 1024, True), (1000, 1024, True)], ids=str)
-def test_cross_entropy_zloss_dw_over_chunks_and_short_blocks(n, chunk, one_launch, monkeypatch):
+@pytest.mark.parametrize("n,chunk", [(2100, 1024), (1300, 2048), (2048, 2048), (1000, 1024)], ids=str)
+def test_cross_entropy_zloss_dw_over_chunks_and_short_blocks(n, chunk):
     """The head's dW kernel: chunks of one or two token blocks (the first adds to zeros, the middle ones read and
-    write the float64 sum, the last writes float32 dW), the last short; or every block in one launch after the
-    chunks (loss.DW_ONE_LAUNCH)."""
-    monkeypatch.setattr(t_loss, "DW_ONE_LAUNCH", one_launch)
+    write the float64 sum, the last writes float32 dW), the last short; or one short block alone (no float64
+    sum)."""
     d, v = 33, 50
     h, w = normal((n, d), "ce-dw", n), normal((v, d), "ce-dw", "w", std=0.5)
     tg = philox.random_bits(seed("ce-dw", "t"), 0, n) % v
@@ -654,46 +652,6 @@ def test_attention(b, hq, hkv, t, d, kw):
     g = normal((b, hq, t, d), "att", t, d, "g")
     three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
                [q, k, v], g, cpu=t < 1000)
-
-
-@pytest.mark.parametrize("b,hq,hkv,t,d,kw,edge", [(1, 4, 2, 200, 16, dict(pv_block=16, window=40), None),
-                                                 (1, 2, 1, 150, 8, dict(pv_block=32), None),
-                                                 (1, 2, 1, 150, 8, dict(pv_block=32), "inf key"),
-                                                 (1, 2, 1, 150, 8, dict(pv_block=32, window=20), "huge"),
-                                                 pytest.param(1, 8, 2, 1000, 64, dict(pv_block=100, window=256), None,
-                                                              marks=gpu_only)], ids=str)
-def test_attention_dp_skip(b, hq, hkv, t, d, kw, edge, monkeypatch):
-    """attention.DP_SKIP: dP without the key tiles no query sees (zeros where finite) gives the same dq, dk, dv;
-    a non-finite key and a product past float32's range make those tiles be computed."""
-    monkeypatch.setattr(t_att, "DP_SKIP", True)
-    q = normal((b, hq, t, d), "att-dp", t, d, std=2.0)
-    k, v = normal((b, hkv, t, d), "att-dp", t, d, "k"), normal((b, hkv, t, d), "att-dp", t, d, "v")
-    g = normal((b, hq, t, d), "att-dp", t, d, "g")
-    if edge == "inf key":
-        v[0, 0, t - 3, 1] = float("inf")  # a late key: its column of dP is NaN, in tiles no early query sees
-    if edge == "huge":
-        # early queries' dO and late keys' V large: their dP entries, all unseen, pass float32's range (inf,
-        # then NaN in the reference's ds), so those tiles must be computed; every seen entry stays finite
-        v[:, :, 100:] *= 2.0 ** 64
-        g[:, :, :50] *= 2.0 ** 66
-    three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
-               [q, k, v], g, cpu=t < 1000)
-
-
-def test_attention_dp_skip_zeros_only_unseen_tiles(monkeypatch):
-    """The skipped dP: the seen entries are the full product's bits, an unseen entry is the full product's or
-    +0 (and some are: tiles were skipped)."""
-    t, d, grp, window = 200, 16, 2, 40
-    gog, v = normal((1, 1, grp * t, d), "dp-zero", "g"), normal((1, 1, t, d), "dp-zero", "v")
-    full = t_att._dp(gog.to(CUDA), v.to(CUDA), None)
-    monkeypatch.setattr(t_att, "DP_SKIP", True)
-    skip = t_att._dp(gog.to(CUDA), v.to(CUDA), (t, window))
-    seen = r_att.allowed_keys(t, True, window).repeat(grp, 1).to(CUDA)
-    full_bits, skip_bits = full.view(torch.int32)[0, 0], skip.view(torch.int32)[0, 0]
-    assert torch.equal(skip_bits[seen], full_bits[seen])
-    unseen_ok = (skip_bits == full_bits) | (skip_bits == 0)
-    assert bool(unseen_ok[~seen].all())
-    assert bool(((skip_bits == 0) & (full_bits != 0) & ~seen).any())  # some tiles were not computed
 
 
 def test_attention_nonfinite():

@@ -100,8 +100,7 @@ HP_OPTS = dict(aligned=("Kp", "sa", "sb"), num_warps=8, num_stages=3)
 DW_SIG = {"ga_ptr": I8, "hb_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "dw_ptr": P64,
           "dw32_ptr": P32, "inv_bits": "i64", "V": "i32", "D": "i32", "NB": "i32", "Kp": "i32", "sa": "i32", "sb": "i32"}
 HP_SIG = {"a_ptr": I8, "b_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "out_ptr": P32,
-          "post_ptr": P32, "M": "i32", "N": "i32", "Kp": "i32", "sa": "i32", "sb": "i32", "T": "i32", "window": "i32",
-          "headroom": "i32"}
+          "post_ptr": P32, "M": "i32", "N": "i32", "Kp": "i32", "sa": "i32", "sb": "i32", "T": "i32", "window": "i32"}
 SPLIT_SIG = {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col": "i32", "rows": "i32", "K": "i32",
              "lim": "i32", "Kp": "i32", "SEG": "i32", "NSEG": "i32", "part_ptr": P64, "badp_ptr": I32, "q_ptr": I8,
              "e_ptr": I64, "bad_ptr": I32}
@@ -152,15 +151,11 @@ KERNELS7 = {
                                                          "SEG": "i32", "part_ptr": P64, "badp_ptr": I32}, W8,
                        dict(R=32, BK=128)),
     "hp_gemm": (contraction._hp_kernel, HP_SIG, HP_OPTS,
-                dict(HAS_POST=True, CAUSAL=False, WINDOW=False, ZERO_UNSEEN=False, LONG_K=False, SLICES=3, **HP_CFG)),
+                dict(HAS_POST=True, CAUSAL=False, WINDOW=False, LONG_K=False, SLICES=3, **HP_CFG)),
     "hp_gemm_long_k": (contraction._hp_kernel, HP_SIG, HP_OPTS, dict(HAS_POST=False, CAUSAL=False, WINDOW=False,
-                                                                     ZERO_UNSEEN=False, LONG_K=True, SLICES=3,
-                                                                     **HP_CFG)),
+                                                                     LONG_K=True, SLICES=3, **HP_CFG)),
     "hp_gemm_causal": (contraction._hp_kernel, HP_SIG, HP_OPTS, dict(HAS_POST=True, CAUSAL=True, WINDOW=True,
-                                                                     ZERO_UNSEEN=False, LONG_K=False, SLICES=3,
-                                                                     **HP_CFG)),
-    "hp_gemm_dp": (contraction._hp_kernel, HP_SIG, HP_OPTS, dict(HAS_POST=False, CAUSAL=True, WINDOW=True,
-                                                                 ZERO_UNSEEN=True, LONG_K=False, SLICES=3, **HP_CFG)),
+                                                                     LONG_K=False, SLICES=3, **HP_CFG)),
     "loss_row": (loss._row_kernel, {"buf_ptr": P32, "targets_ptr": I64, "ce_ptr": P32, "z_ptr": P32, "V": "i32",
                                     "top": "i32", "ignore_index": "i32", "z2": "fp32", "q_ptr": I8, "e_ptr": I64,
                                     "bad_ptr": I32, "plane": "i32", "Kp": "i32"}, dict(num_warps=8),
@@ -188,7 +183,7 @@ def test_issue7_no_fma_and_no_approximate_ops(compiled7):
 
 def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
     """wgmma s8 x s8 -> s32 (not the older mma.sync path), fed by async copies (a pipelined K loop)."""
-    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "hp_gemm_dp", "loss_dw",
+    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "loss_dw",
                  "attention_pv"):
         text = compiled7[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
