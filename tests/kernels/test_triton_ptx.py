@@ -84,10 +84,10 @@ KERNELS = {
                     dict(BLOCK=2048)),
     "adamw_bf16": (adamw._step_kernel, {"p_ptr": "*bf16", "g_ptr": "*bf16", "m_ptr": P32, "v_ptr": P32,
                                         "k_ptr": P32, "n": "i32"}, dict(BLOCK=1024)),
-    "blake3_chunk": (statehash._chunk_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32"},
-                     dict(TPAD=64, LANES=128)),
-    "blake3_group": (statehash._group_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32"},
-                     dict(TPAD=64, GROUP=256, LOG_GROUP=8)),
+    "blake3_chunk": (statehash._chunk_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32",
+                                               "one": "i32"}, dict(TPAD=64, LANES=128)),
+    "blake3_group": (statehash._group_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32",
+                                               "one": "i32"}, dict(TPAD=64, GROUP=256, LOG_GROUP=8)),
 }
 
 GEMM_SIG = {"a_ptr": I8, "b_ptr": I8, "out_ptr": P32, "M": "i32", "N": "i32", "K": "i32", "s_ab": "i32", "s_am": "i32",
