@@ -32,22 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.config import Topology  # noqa: E402
-from benchmarks.train_throughput import proxy, token_batches  # noqa: E402
+from benchmarks.train_throughput import proxy, setup_ours, token_batches  # noqa: E402
 
 ARMS = ("nohash", "serial", "side")
-
-
-def _setup(c, batch: int):
-    from app.init import init_params
-    from app.presets import OPEN_1B
-    from app.state_hash import canonical_json, code_version
-    from app.step import StepContext, TrainState
-
-    cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": batch, "train.batch_phases": ((1 << 50, batch),),
-                             "train.heldout_windows": 0, "train.stage_digests": False})
-    ctx = StepContext.build(cfg, "cuda", backend="triton")
-    st = TrainState.fresh(init_params(c, cfg.train.seed, ctx.device))
-    return ctx, st, code_version(), canonical_json(cfg.to_dict()).decode()
 
 
 def _tensors_and_finish(st, cj, code):
@@ -72,7 +59,7 @@ def run_arm(arm: str, c, batch: int, batches, warmup: int) -> dict:
     import app.step as step_mod
     from kernels.triton import statehash
 
-    ctx, st, code, cj = _setup(c, batch)
+    ctx, st, code, cj = setup_ours(c, batch, 1, "triton", stage=False)
     hashes: list[bytes] = []
     side = torch.cuda.Stream()
     pending: list = []  # (event, rows, finish, tensors held until read)

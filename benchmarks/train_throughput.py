@@ -108,18 +108,26 @@ def bench_stock(c: ModelConfig, batches, warmup: int, accum: int) -> dict:
     return out
 
 
-def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str, stage: bool = True,
-               hashing: bool = True) -> dict:
-    """One of our arms: stage digests on or off, the state hash on or off."""
+def setup_ours(c: ModelConfig, batch: int, accum: int, backend: str, stage: bool):
+    """(step context, fresh state, code version, config JSON) of our step on the proxy, on the GPU."""
     from app.init import init_params
-    from app.state_hash import canonical_json, code_version, state_entries, state_hash
-    from app.step import StepContext, TrainState, run_step
+    from app.state_hash import canonical_json, code_version
+    from app.step import StepContext, TrainState
 
     cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": batch, "train.batch_phases": ((1 << 50, batch * accum),),
                              "train.heldout_windows": 0, "train.stage_digests": stage})
     ctx = StepContext.build(cfg, "cuda", backend=backend)
     st = TrainState.fresh(init_params(c, cfg.train.seed, ctx.device))
-    code, cj = code_version(), canonical_json(cfg.to_dict()).decode()
+    return ctx, st, code_version(), canonical_json(cfg.to_dict()).decode()
+
+
+def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str, stage: bool = True,
+               hashing: bool = True) -> dict:
+    """One of our arms: stage digests on or off, the state hash on or off."""
+    from app.state_hash import state_entries, state_hash
+    from app.step import run_step
+
+    ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage)
 
     def step(ids):
         r = run_step(st, ids, Topology(), ctx)

@@ -193,8 +193,7 @@ class _CrossEntropyZLoss(torch.autograd.Function):
         # dW: a float64 running sum unless all tokens are one token block (chunks are whole blocks, and a chunk
         # may hold several), float32 from the last block's kernel (zeros if no target). Keeping g for all tokens
         # for one dW launch measured 0.85x (docs/perf.md).
-        several = n > ref.TOKEN_BLOCK
-        dw64 = torch.empty(w.shape, dtype=F64, device=dev) if need_w and count and several else None
+        dw64 = torch.empty(w.shape, dtype=F64, device=dev) if need_w and count and n > ref.TOKEN_BLOCK else None
         dw = (torch.empty if count else torch.zeros)(w.shape, dtype=F32, device=dev) if need_w else None
         if count:
             hc = h.contiguous()

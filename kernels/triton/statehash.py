@@ -150,6 +150,7 @@ def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.const
     """Each program: LANES consecutive 1 KiB chunks of one tensor, one chunk per lane, each chunk's chaining
     value written (its digest when it is the whole input). table[t] = (address of the tensor's int32 words,
     byte count, offset of its chunk nodes in ws, 1 if one chunk); chunk counters count from the tensor's start."""
+    one = one.to(tl.uint32)  # _g's opaque 1
     p = tl.program_id(0)
     t = _owner(starts, p, T, TPAD)
     w_ptr = tl.load(table + t * 4).to(tl.pointer_type(tl.int32))
@@ -179,7 +180,7 @@ def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.const
         g0, g1, g2, g3, g4, g5, g6, g7 = _compress(h0, h1, h2, h3, h4, h5, h6, h7,
                                                    m0, m1, m2, m3, m4, m5, m6, m7,
                                                    m8, m9, m10, m11, m12, m13, m14, m15,
-                                                   lo, hi, block_len, flags.to(tl.uint32), one.to(tl.uint32))
+                                                   lo, hi, block_len, flags.to(tl.uint32), one)
         h0, h1, h2, h3 = tl.where(on, g0, h0), tl.where(on, g1, h1), tl.where(on, g2, h2), tl.where(on, g3, h3)
         h4, h5, h6, h7 = tl.where(on, g4, h4), tl.where(on, g5, h5), tl.where(on, g6, h6), tl.where(on, g7, h7)
     out = ws + dst + c * 8
@@ -200,6 +201,7 @@ def _group_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, GROUP: tl.const
     (offset of the level's nodes in ws, node count, offset of the next level's, 1 if this is the last level:
     the merge of the last two nodes is then the root). Levels are merged in place rather than in registers:
     unrolled register levels took Triton's coalescing pass minutes to compile."""
+    one = one.to(tl.uint32)  # _g's opaque 1
     p = tl.program_id(0)
     t = _owner(starts, p, T, TPAD)
     src = tl.load(table + t * 4)
@@ -224,7 +226,7 @@ def _group_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, GROUP: tl.const
         g0, g1, g2, g3, g4, g5, g6, g7 = _compress(zero + IV0, zero + IV1, zero + IV2, zero + IV3,
                                                    zero + IV4, zero + IV5, zero + IV6, zero + IV7,
                                                    m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14,
-                                                   m15, zero, zero, zero + 64, flags, one.to(tl.uint32))
+                                                   m15, zero, zero, zero + 64, flags, one)
         tl.debug_barrier()  # every node of this level is read before any is overwritten in place
         node = base + i * 8
         tl.store(node + 0, tl.where(pair, g0, m0).to(tl.int32, bitcast=True), mask=live)
