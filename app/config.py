@@ -67,6 +67,8 @@ class ModelConfig:
     init_bound: float = 2.0  # truncation at +-2 sigma
     pv_block: int = 64  # keys per int8 block of attention's P.V (kernels.ref.attention)
     loss_chunk: int = 1024  # tokens per chunk of the fused CE + z-loss (a multiple of TOKEN_BLOCK, 1024)
+    head_slices: int = 3  # int8 slices of the LM head's contractions: 3 keep 20 bits below a row's largest
+    # |element|; each slice fewer halves the head's int8 products and costs ~2^7 in error (docs/perf.md)
     moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
@@ -93,6 +95,7 @@ class ModelConfig:
         if self.loss_chunk % TOKEN_BLOCK:
             raise ConfigError(f"model.loss_chunk: must be a multiple of {TOKEN_BLOCK} (the loss's dW block), "
                               f"got {self.loss_chunk}")
+        _int(self.head_slices, "model.head_slices", 1, 4)
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             raise ConfigError(f"model.moe: expected a MoEConfig or None, got {type(self.moe).__name__}")
 

@@ -118,7 +118,7 @@ def forward(p: dict[str, torch.Tensor], cfg: ModelConfig, ids: torch.Tensor, rop
             load[f"layers.{i}"] = counts
     h = rmsnorm(h, p["final_norm.weight"], cfg.norm_eps)
     loss, ce, z = ops.loss.cross_entropy_zloss(h.reshape(b * t, -1), p["head.weight"], targets.reshape(-1).to(torch.int64),
-                                      z_weight=z_loss, chunk=cfg.loss_chunk)
+                                      z_weight=z_loss, chunk=cfg.loss_chunk, slices=cfg.head_slices)
     if cfg.moe is not None and cfg.moe.aux_loss_weight:
         loss = loss + aux * torch.tensor(cfg.moe.aux_loss_weight, dtype=F32, device=h.device)
     return ForwardOut(loss, ce, z, aux, load)

@@ -1,6 +1,7 @@
 """Training throughput on one GPU: stock PyTorch bf16 vs our step (reference backend, Triton backend), one run.
 
     python3 benchmarks/train_throughput.py [--layers 4] [--seq-len 2048] [--batch 4] [--accum 1] [--steps 5] [--arms ...]
+                                           [--head-slices 3 [2 ...]]
 
 The shape is a proxy of open-1b (report table 2): the same per-layer shapes (d 2048, 16/4 heads x 128,
 FFN 5632, vocab 128,256, sliding window 512 with a global layer every 5th and last) and fewer layers.
@@ -19,6 +20,10 @@ Every arm trains on the same token ids (random, seeded: speed does not depend on
   sets; the stage digests add the partial gradients (one set per microbatch) and clipped ones if clipping
   scaled them, the rest they share with the state hash (app/digests.DigestMemo).
 
+`--head-slices`: our arms run once per slice count of the LM head's contractions (`model.head_slices`, 3 by
+default; an arm at another count is named e.g. `triton/head2`): a different contract, with its own bits and
+errors (benchmarks/head_slices.py), timed beside the default one.
+
 A step is `--accum` microbatches of `--batch` windows (gradient accumulation, as the report's protocol:
 OPEN-1B ran 4 windows of 4,096 tokens per microbatch, 6 microbatches per GPU per step in its main phase);
 hashing is per optimizer step, so its share falls as the step grows.
@@ -30,6 +35,7 @@ counts) per token against the H200's dense bf16 peak (989 TFLOP/s). Prints a tab
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -149,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per arm")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, autotuning)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--head-slices", nargs="+", type=int, default=[3], help="slice counts of the head (our arms)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_throughput.json"))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -157,26 +164,32 @@ def main(argv=None) -> int:
     c = proxy(args.layers, args.seq_len)
     batches = token_batches(c, args.batch * args.accum, args.warmup + args.steps)
     tokens, fpt = args.batch * args.accum * c.seq_len, flops_per_token(c)
+    runs = [(arm, None) for arm in args.arms if arm == "stock"] + \
+        [(arm, s) for s in args.head_slices for arm in args.arms if arm != "stock"]
     rows = []
-    for arm in args.arms:
+    for arm, slices in runs:
+        name = arm if slices in (None, 3) else f"{arm}/head{slices}"
         t0 = time.time()
         try:
             backend, _, hashing = arm.partition("-")
             r = bench_stock(c, batches, args.warmup, args.accum) if arm == "stock" else \
-                bench_ours(c, args.batch, args.accum, batches, args.warmup, backend, stage=not hashing,
-                           hashing=hashing != "nohash")
+                bench_ours(dataclasses.replace(c, head_slices=slices), args.batch, args.accum, batches, args.warmup,
+                           backend, stage=not hashing, hashing=hashing != "nohash")
         except Exception as e:  # noqa: BLE001 - one failing arm must not hide the others' numbers
-            print(f"{arm}: failed: {type(e).__name__}: {e}", flush=True)
-            rows.append({"arm": arm, "error": f"{type(e).__name__}: {e}"})
+            print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
+            rows.append({"arm": name, "error": f"{type(e).__name__}: {e}"})
             continue
-        r.update(arm=arm, tok_s=tokens / r["step_s"], mfu=tokens * fpt / r["step_s"] / PEAK_BF16, wall_s=time.time() - t0)
+        r.update(arm=name, head_slices=slices, tok_s=tokens / r["step_s"], mfu=tokens * fpt / r["step_s"] / PEAK_BF16,
+                 wall_s=time.time() - t0)
         rows.append(r)
-        print(f"{arm}: {r}", flush=True)
+        print(f"{name}: {r}", flush=True)
     base = next((r for r in rows if r["arm"] == "stock" and "error" not in r), None)
     ok = {r["arm"]: r for r in rows if "error" not in r}
-    for arm in ("triton", "triton-statehash"):
-        if arm in ok and "triton-nohash" in ok:
-            ok[arm]["hash_share"] = 1 - ok["triton-nohash"]["step_s"] / ok[arm]["step_s"]
+    for name, r in ok.items():
+        arm, sep, suffix = name.partition("/")
+        nohash = "triton-nohash" + sep + suffix
+        if arm in ("triton", "triton-statehash") and nohash in ok:
+            r["hash_share"] = 1 - ok[nohash]["step_s"] / r["step_s"]
     print(f"\nopen-1b proxy: {c.n_layers} layers, T {c.seq_len}, {args.accum} x {args.batch} windows/step ({tokens:,} tokens), "
           f"{fpt / 1e9:.2f} GFLOP/token\n")
     print("| arm | step s | tok/s | MFU (bf16 peak) | stock / arm | hash share | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- |")

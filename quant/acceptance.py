@@ -38,7 +38,7 @@ def hybrid_ce(donor, ids: torch.Tensor, cold_w: dict[int, dict[int, dict[str, to
     h = rmsnorm(h, p["final_norm.weight"], m.norm_eps)
     b, t, _ = h.shape
     _, ce, _ = cross_entropy_zloss(h.reshape(b * t, -1), p["head.weight"], ids[:, 1:].reshape(-1),
-                                   z_weight=0.0, chunk=m.loss_chunk)
+                                   z_weight=0.0, chunk=m.loss_chunk, slices=m.head_slices)
     return float(ce)
 
 

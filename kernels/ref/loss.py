@@ -16,7 +16,7 @@ import math
 import torch
 
 from kernels.ref.checks import expect, same_device
-from kernels.ref.contraction import hp_matmul_
+from kernels.ref.contraction import DEFAULT_SLICES, hp_matmul_
 from kernels.ref.elementary import log64, reciprocal_
 from kernels.ref.reduce import exact_sum
 from kernels.ref.softmax import shifted_exp
@@ -28,9 +28,9 @@ TOKEN_BLOCK = 1024  # the dW contraction unit: part of the op's definition, `chu
 # kernel pays per block; at 1024 tokens that epilogue is cheap next to the block's contraction)
 
 
-def _chunk_pass(h, w, targets, valid, z2, need_h, need_w):
+def _chunk_pass(h, w, targets, valid, z2, need_h, need_w, slices):
     """One chunk: (ce, z) per token, dh rows (unscaled) and the chunk's dW blocks (unscaled, float32)."""
-    logits = hp_matmul_(h, w.t())
+    logits = hp_matmul_(h, w.t(), slices)
     m, e, s = shifted_exp(logits, -1)
     lse = (m.to(F64) + log64(s)).to(F32)[:, 0]
     idx = torch.where(valid, targets, torch.zeros_like(targets)).unsqueeze(1)
@@ -45,17 +45,17 @@ def _chunk_pass(h, w, targets, valid, z2, need_h, need_w):
         g = torch.where(hit, g - 1.0, g)
         g = torch.where(valid.unsqueeze(1), g, torch.zeros_like(g))
         if need_h:
-            dh = hp_matmul_(g, w)
+            dh = hp_matmul_(g, w, slices)
         if need_w:
             gt = g.t()
             for b0 in range(0, h.shape[0], TOKEN_BLOCK):
-                dw_blocks.append(hp_matmul_(gt[:, b0:b0 + TOKEN_BLOCK], h[b0:b0 + TOKEN_BLOCK]))
+                dw_blocks.append(hp_matmul_(gt[:, b0:b0 + TOKEN_BLOCK], h[b0:b0 + TOKEN_BLOCK], slices))
     return ce, z, dh, dw_blocks
 
 
 class _CrossEntropyZLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, w, targets, z_weight, chunk, ignore_index):
+    def forward(ctx, h, w, targets, z_weight, chunk, ignore_index, slices):
         n, d = h.shape
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         valid_all = targets != ignore_index
@@ -70,7 +70,8 @@ class _CrossEntropyZLoss(torch.autograd.Function):
         if count:
             for c0 in range(0, n, chunk):
                 sl = slice(c0, c0 + chunk)
-                ce_c, z_c, dh_c, blocks = _chunk_pass(h[sl], w, targets[sl], valid_all[sl], z2, need_h, need_w)
+                ce_c, z_c, dh_c, blocks = _chunk_pass(h[sl], w, targets[sl], valid_all[sl], z2, need_h, need_w,
+                                                        slices)
                 ce[sl], z[sl] = ce_c, z_c
                 if need_h:
                     dh[sl] = dh_c * inv_n32
@@ -89,10 +90,10 @@ class _CrossEntropyZLoss(torch.autograd.Function):
     def backward(ctx, g_loss, g_ce, g_z):
         dh, dw = ctx.saved_tensors
         return (None if dh is None else dh * g_loss, None if dw is None else dw * g_loss,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
-def _check(h, w_head, targets, z_weight, chunk, ignore_index) -> None:
+def _check(h, w_head, targets, z_weight, chunk, ignore_index, slices=DEFAULT_SLICES) -> None:
     op = "cross_entropy_zloss"
     expect(op, "h", h, dtype=F32, ndim=2)
     expect(op, "w_head", w_head, dtype=F32, shape=(None, h.shape[1]))
@@ -107,6 +108,8 @@ def _check(h, w_head, targets, z_weight, chunk, ignore_index) -> None:
         raise ValueError(f"{op}: argument 'chunk' must be a positive multiple of {TOKEN_BLOCK}, got {chunk!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise ValueError(f"{op}: argument 'ignore_index' must be an int, got {ignore_index!r}")
+    if isinstance(slices, bool) or not isinstance(slices, int) or not 1 <= slices <= 4:
+        raise ValueError(f"{op}: argument 'slices' must be an int in 1..4, got {slices!r}")
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= w_head.shape[0]))
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0, 0])
@@ -115,11 +118,13 @@ def _check(h, w_head, targets, z_weight, chunk, ignore_index) -> None:
 
 
 def cross_entropy_zloss(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, *,
-                        z_weight: float = 1e-4, chunk: int = 1024, ignore_index: int = -100
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        z_weight: float = 1e-4, chunk: int = 1024, ignore_index: int = -100,
+                        slices: int = DEFAULT_SLICES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, ce_mean, z_mean) for h [N, D], w_head [V, D], targets [N]; gradients flow from loss only.
 
-    loss = mean(ce) + z_weight * mean(lse^2) over tokens whose target is not ignore_index.
+    loss = mean(ce) + z_weight * mean(lse^2) over tokens whose target is not ignore_index. `slices`: the int8
+    slices of the head's three contractions (kernels/ref/contraction; benchmarks/head_slices.py has their
+    errors at the head's shape).
     """
-    _check(h, w_head, targets, z_weight, chunk, ignore_index)
-    return _CrossEntropyZLoss.apply(h, w_head, targets, float(z_weight), chunk, ignore_index)
+    _check(h, w_head, targets, z_weight, chunk, ignore_index, slices)
+    return _CrossEntropyZLoss.apply(h, w_head, targets, float(z_weight), chunk, ignore_index, slices)

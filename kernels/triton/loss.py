@@ -132,17 +132,18 @@ def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, dw32_
 
 
 def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0, c1, need_h,
-           need_w):
+           need_w):  # the slice count is w_rows's
     """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and the chunk's dW blocks into dw64 (into dw, scaled
     and rounded, at the last chunk)."""
     n_c = c1 - c0
     v, d = w_rows.q.shape[1], h.shape[1]
     hc = h[c0:c1]
-    hs = hp.split(hc, n_c, d, hc.stride(0), hc.stride(1))
+    slices = w_rows.q.shape[0]
+    hs = hp.split(hc, n_c, d, hc.stride(0), hc.stride(1), slices)
     buf = hp.hp_gemm(hs, w_rows, 1, n_c, v, use="head")[0]  # logits [n_c, V]
     need_g = need_h or need_w
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(v)
-    gs = hp.empty_sliced(n_c if need_h else 0, v, w_rows.q.shape[0], h.device)  # dh's g slices, cut in place
+    gs = hp.empty_sliced(n_c if need_h else 0, v, slices, h.device)  # dh's g slices, cut in place
     block = min(pow2_at_least(v), ROW_BLOCK)
     # no more threads than a block's elements: a replicated element could be overwritten in place before a
     # sibling thread had read it
@@ -153,10 +154,10 @@ def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, in
     if need_h:
         dh[c0:c1] = hp.hp_gemm(gs, w_cols, 1, n_c, d, post=inv_n32, use="head")[0]
     if need_w:
-        _dw(buf, hc, dw64, dw, inv_n, first=c0 == 0, last=c1 == h.shape[0])
+        _dw(buf, hc, dw64, dw, inv_n, slices, first=c0 == 0, last=c1 == h.shape[0])
 
 
-def _dw(g: torch.Tensor, h: torch.Tensor, dw64, dw, inv_n: float, first: bool, last: bool) -> None:
+def _dw(g: torch.Tensor, h: torch.Tensor, dw64, dw, inv_n: float, slices: int, first: bool, last: bool) -> None:
     """dW's token blocks of g [n, V] (the gradient rows) and h [n, D], in ascending order, into dw64 (into dw,
     times 1/n and rounded, when `last`); `first`: dw64 holds nothing yet."""
     n, v = g.shape
@@ -167,8 +168,8 @@ def _dw(g: torch.Tensor, h: torch.Tensor, dw64, dw, inv_n: float, first: bool, l
         raise RuntimeError(f"cross_entropy_zloss: dW over {nb} token blocks (first {first}, last {last}) needs "
                            f"its float64 running sum, none was allocated")  # the kernel would write float64 into dw
     # g^T and h per token block: row v (or d) of block b holds tokens b*TB..
-    ga = hp.split(g, nb * v, tb, 1, v, batch_rows=v, s_batch=tb * v, lim=n)
-    hb = hp.split(h, nb * d, tb, h.stride(1), h.stride(0), batch_rows=d, s_batch=tb * h.stride(0), lim=n)
+    ga = hp.split(g, nb * v, tb, 1, v, slices, batch_rows=v, s_batch=tb * v, lim=n)
+    hb = hp.split(h, nb * d, tb, h.stride(1), h.stride(0), slices, batch_rows=d, s_batch=tb * h.stride(0), lim=n)
     cfg = hp.config(ga.q.shape[0], "dw")
     grid = (cdiv(v, cfg["BM"]) * cdiv(d, cfg["BN"]),)
     _dw_kernel[grid](ga.q, hb.q, ga.e, hb.e, ga.bad, hb.bad, dw64 if dw64 is not None else dw, dw, _double_bits(inv_n),
@@ -178,7 +179,7 @@ def _dw(g: torch.Tensor, h: torch.Tensor, dw64, dw, inv_n: float, first: bool, l
 
 class _CrossEntropyZLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, w, targets, z_weight, chunk, ignore_index):
+    def forward(ctx, h, w, targets, z_weight, chunk, ignore_index, slices):
         n, d = h.shape
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dev = h.device
@@ -197,8 +198,8 @@ class _CrossEntropyZLoss(torch.autograd.Function):
         dw = (torch.empty if count else torch.zeros)(w.shape, dtype=F32, device=dev) if need_w else None
         if count:
             hc = h.contiguous()
-            w_rows = hp.split(w, w.shape[0], d, w.stride(0), w.stride(1))  # logits: W's rows over D
-            w_cols = hp.split(w, d, w.shape[0], w.stride(1), w.stride(0)) if need_h else None  # dh: over V
+            w_rows = hp.split(w, w.shape[0], d, w.stride(0), w.stride(1), slices)  # logits: W's rows over D
+            w_cols = hp.split(w, d, w.shape[0], w.stride(1), w.stride(0), slices) if need_h else None  # dh: over V
             for c0 in range(0, n, chunk):
                 _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0,
                        min(c0 + chunk, n), need_h, need_w)
@@ -213,18 +214,18 @@ class _CrossEntropyZLoss(torch.autograd.Function):
     def backward(ctx, g_loss, g_ce, g_z):
         dh, dw = ctx.saved_tensors
         return (None if dh is None else dh * g_loss, None if dw is None else dw * g_loss,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def cross_entropy_zloss(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, *,
-                        z_weight: float = 1e-4, chunk: int = 1024, ignore_index: int = -100
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        z_weight: float = 1e-4, chunk: int = 1024, ignore_index: int = -100,
+                        slices: int = ref.DEFAULT_SLICES) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, ce_mean, z_mean) for h [N, D], w_head [V, D], targets [N]: the bits of ref.cross_entropy_zloss."""
-    ref._check(h, w_head, targets, z_weight, chunk, ignore_index)
+    ref._check(h, w_head, targets, z_weight, chunk, ignore_index, slices)
     if not on_triton(h, w_head, targets) or h.shape[1] > hp.MAX_K or w_head.shape[0] > hp.MAX_K:
         return ref.cross_entropy_zloss(h, w_head, targets, z_weight=z_weight, chunk=chunk,
-                                       ignore_index=ignore_index)
-    return _CrossEntropyZLoss.apply(h, w_head, targets.contiguous(), float(z_weight), chunk, ignore_index)
+                                       ignore_index=ignore_index, slices=slices)
+    return _CrossEntropyZLoss.apply(h, w_head, targets.contiguous(), float(z_weight), chunk, ignore_index, slices)
 
 
 def __getattr__(name: str):

@@ -39,7 +39,7 @@ def test_no_biases_and_every_linear_has_its_own_activation_step():
 
 
 @pytest.mark.parametrize("field,value", [("d_model", 0), ("n_kv_heads", 3), ("head_dim", 31), ("loss_chunk", 100),
-                                         ("rope_theta", -1.0)])
+                                         ("rope_theta", -1.0), ("head_slices", 5)])
 def test_bad_model_values_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"model.{field}"):
         ModelConfig(**{field: value})

@@ -606,6 +606,22 @@ def test_cross_entropy_zloss_dw_over_chunks_and_short_blocks(n, chunk):
     assert_same(grads(t_loss.cross_entropy_zloss, CUDA), grads(r_loss.cross_entropy_zloss, "cpu"))
 
 
+@pytest.mark.parametrize("slices", [1, 2, 4])
+def test_cross_entropy_zloss_slices(slices):
+    """The head's contractions at other slice counts than the default 3 (the row kernel cuts g's slices itself)."""
+    n, d, v = 1100, 40, 77
+    h, w = normal((n, d), "ce-sl", slices), normal((v, d), "ce-sl", slices, "w", std=0.5)
+    tg = philox.random_bits(seed("ce-sl", slices, "t"), 0, n) % v
+
+    def run(fn, dev):
+        hh, ww = h.to(dev).clone().requires_grad_(True), w.to(dev).clone().requires_grad_(True)
+        loss, ce, z = fn(hh, ww, tg.to(dev), chunk=1024, slices=slices)
+        loss.backward()
+        return {"loss": loss, "ce": ce, "z": z, "dh": hh.grad, "dw": ww.grad}
+
+    assert_same(run(t_loss.cross_entropy_zloss, CUDA), run(r_loss.cross_entropy_zloss, "cpu"))
+
+
 def test_cross_entropy_zloss_rows_with_edges():
     """The row kernel with ignored tokens, a token whose target is its largest logit, and a NaN token."""
     n, d, v = 300, 40, 77
