@@ -2,11 +2,12 @@
 contraction and the hp split. Each variant runs against production's in one run, bits compared (loss, ce,
 z, dh, dW; attention's output, dq, dk, dv; the slices, exponents and flags) and times as ratios.
 
-    python benchmarks/ab_tiles.py [--ops loss attention split] [--out benchmarks/results/ab_tiles.json]
+    python benchmarks/ab_tiles.py [--ops loss attention attention-window split] [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
 
 Shapes: the open-1b proxy's head (8,192 tokens, d 2048, vocab 128,256) and one attention layer (4 windows of
-2,048, 16 query / 4 kv heads of 128, causal). Times: median of triton.testing.do_bench (CUDA events).
+2,048, 16 query / 4 kv heads of 128, causal; and with a window of 512 keys, as the model's local layers).
+Times: median of triton.testing.do_bench (CUDA events).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.digest import bits_equal  # noqa: E402
 from kernels.ref import philox  # noqa: E402
-from kernels.triton import attention as t_att, contraction as hp, loss as t_loss  # noqa: E402
+from kernels.triton import attention as t_att, contraction as hp, loss as t_loss, softmax as t_soft  # noqa: E402
 
 # (name, {(module, attribute): value}): what a variant sets on the modules for its run; each list's first
 # entry is production (nothing set). All are free choices for the bits.
@@ -32,7 +33,13 @@ LOSS_VARIANTS = [("production (rows 2048 x 8 warps; head/dW 128 x 64 x 128, 3 st
     (f"{use} {bm} x {bn} x {bk}, {w} warps, {st} stages",
      {(hp, "TILES"): {use: dict(BM=bm, BN=bn, BK=bk, num_warps=w, num_stages=st)}})
     for use, (bm, bn, bk, w, st) in (("head", (128, 64, 64, 8, 4)), ("dw", (64, 64, 128, 4, 2)))]
+def _no_band(t, window):
+    """The previous path: causal logits written in full, softmax rows read in full."""
+    return False
+
+
 ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
+                      ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
                       ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
                       ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}}),
                       ("causal 128 x 64 x 64, 4 stages",
@@ -57,10 +64,10 @@ def _cases(n: int, d: int, v: int, b: int, t: int, dev):
         loss.backward()
         return [loss, ce, z, h.grad, w.grad]
 
-    def attention_fb():
+    def attention_fb(window=None):
         for x in (q, k, va):
             x.grad = None
-        out = t_att.attention(q, k, va)
+        out = t_att.attention(q, k, va, window=window)
         out.backward(torch.ones_like(out))
         return [out, q.grad, k.grad, va.grad]
     chunk = philox.normal(7, 0, (min(n, 1024), v), device=dev)  # one chunk's [tokens, V] logits (or g)
@@ -73,6 +80,8 @@ def _cases(n: int, d: int, v: int, b: int, t: int, dev):
         return [t for c in cuts for t in (c.q, c.e, c.bad)]
     return {"loss": ("cross-entropy + z-loss fwd+bwd", loss_fb, LOSS_VARIANTS),
             "attention": ("attention fwd+bwd", attention_fb, ATTENTION_VARIANTS),
+            "attention-window": ("attention fwd+bwd, window 512", lambda: attention_fb(min(512, t // 4)),
+                                 ATTENTION_VARIANTS),
             "split": ("hp.split (W rows, logits token blocks)", split_both, SPLIT_VARIANTS)}
 
 
@@ -92,7 +101,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (TRITON_INTERPRET=1 on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ab_tiles.json"))
-    ap.add_argument("--ops", nargs="+", choices=("loss", "attention", "split"), default=("loss", "attention", "split"),
+    ap.add_argument("--ops", nargs="+", choices=("loss", "attention", "attention-window", "split"),
+                    default=("loss", "attention", "attention-window", "split"),
                     help="which sweeps to run")
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -110,7 +120,8 @@ def main(argv=None) -> int:
                 from triton.testing import do_bench
                 ms = _with(sets, lambda: do_bench(fn, warmup=2, rep=200, return_mode="median"))
                 base_ms = base_ms or ms
-            rows.append(dict(op=op, variant=name, sets={f"{m.__name__}.{a}": v for (m, a), v in sets.items()},
+            rows.append(dict(op=op, variant=name, sets={f"{m.__name__}.{a}": getattr(v, "__name__", v)
+                                                        for (m, a), v in sets.items()},
                              same_bits=same, ms=ms,
                              vs_production=None if ms is None else base_ms / ms))
             print(f"{op:40s} {name:36s} bits {'same' if same else 'DIFFER'}"

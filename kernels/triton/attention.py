@@ -1,8 +1,9 @@
 """Triton twin of kernels/ref/attention.py: causal / sliding-window GQA attention with int8 P.V, same bits.
 
 The reference's steps, each on its twin: logits = hp_matmul_(q, k^T) (kernels/triton/contraction) times
-the float32 scale, masked with -inf (both in the contraction's epilogue, which skips the tiles wholly masked),
-softmax_ (kernels/triton/softmax), then P.V in int8 here: V is cut
+the float32 scale, masked with -inf (both in the contraction's epilogue, which skips the tiles wholly masked
+and, with a sliding window, leaves them unwritten), softmax_ (kernels/triton/softmax; a sliding-window row is
+read over its window only: the unseen keys' -inf are known without reading them), then P.V in int8 here: V is cut
 once per key block (step amax|v|/127 per block and column, codes stored K-contiguous) with the column's
 fixed-point shift from its whole-T amax; one program per tile of query rows quantizes each P block per row
 (step max p / 127), multiplies on int8 tensor cores, dequantizes ((float32(acc) * s_p) * s_v) and adds the
@@ -148,7 +149,13 @@ def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, cau
     sq = hp.operand_rows(qg, hp.DEFAULT_SLICES, transpose=False)
     sk = hp.operand_rows(k, hp.DEFAULT_SLICES, transpose=False)  # k's rows are k^T's columns: hp_matmul_'s B^T
     mask = (t, window) if allowed is not None else None
-    return hp.hp_gemm(sq, sk, b * hkv, m, t, post=scale, causal=mask).reshape(b, hkv, m, t)
+    return hp.hp_gemm(sq, sk, b * hkv, m, t, post=scale, causal=mask,
+                      store_unseen=not (causal and t_soft.causal_band_fits(t, window))).reshape(b, hkv, m, t)
+
+
+def _probabilities(logits: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
+    """softmax_ of the logits; a windowed row's unseen keys (left unwritten by _logits) are not read."""
+    return t_soft.softmax_causal_(logits, window) if causal else t_soft.softmax_(logits, -1)
 
 
 class _Attention(torch.autograd.Function):
@@ -158,7 +165,7 @@ class _Attention(torch.autograd.Function):
         hkv = k.shape[1]
         g = hq // hkv
         qg = q.reshape(b, hkv, g * t, d)
-        p = t_soft.softmax_(_logits(qg, k, allowed, scale, causal, window), -1)
+        p = _probabilities(_logits(qg, k, allowed, scale, causal, window), causal, window)
         ctx.save_for_backward(qg, k, v, p, scale)
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)

@@ -261,21 +261,27 @@ def _seen(rm, rn, T, window, WINDOW: tl.constexpr):
 
 @triton.jit
 def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, M, N, Kp, sa, sb, T, window,
-               HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LONG_K: tl.constexpr,
-               SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+               HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, STORE_UNSEEN: tl.constexpr,
+               LONG_K: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               GROUP_M: tl.constexpr):
     """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T).
 
     CAUSAL (attention logits, queries x keys): entries a query does not see are -inf, after the POST factor,
-    as the reference's torch.where; a tile none of whose queries sees any of its keys skips the contraction."""
+    as the reference's torch.where; a tile none of whose queries sees any of its keys skips the contraction,
+    and without STORE_UNSEEN also its store (for a consumer that reads seen entries only)."""
     batch = tl.program_id(1).to(tl.int64)
     rm, rn = tile_rows(tl.program_id(0), M, N, BM, BN, GROUP_M)
     a_live, b_live = rm < M, rn < N
     # rows past the edge read row 0 of the batch (never stored): no row masks in the K loop
     a_rows = batch * M + tl.where(a_live, rm, 0)
     b_rows = batch * N + tl.where(b_live, rn, 0)
+    store = a_live[:, None] & b_live[None, :]
     if CAUSAL:
         seen = _seen(rm, rn, T, window, WINDOW)
-        if tl.max(tl.where(seen & a_live[:, None] & b_live[None, :], 1, 0)) > 0:
+        any_seen = tl.max(tl.where(seen & store, 1, 0)) > 0
+        if not STORE_UNSEEN:
+            store = store & any_seen
+        if any_seen:
             y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live,
                         b_live, LONG_K, SLICES, BM, BN, BK)
         else:
@@ -287,7 +293,7 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
         y = y * tl.load(post_ptr)  # a float32 factor after the rounding, as the caller's eager multiply
     if CAUSAL:
         y = tl.where(seen, y, -INF)
-    tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=a_live[:, None] & b_live[None, :])
+    tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=store)
 
 
 SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the epilogue's scratch
@@ -309,9 +315,12 @@ def config(slices: int = 3, use: str | None = None) -> dict:
 
 
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
-            causal: tuple[int, int | None] | None = None, use: str | None = None) -> torch.Tensor:
+            causal: tuple[int, int | None] | None = None, use: str | None = None,
+            store_unseen: bool = True) -> torch.Tensor:
     """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows), times the float32
-    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys."""
+    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys.
+    store_unseen=False leaves the tiles that no query of theirs sees unwritten (softmax.softmax_causal_ reads
+    seen entries only): most of a sliding-window layer's logits."""
     slices, _, kp = a.q.shape
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
@@ -321,7 +330,8 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
     t, window = causal if causal is not None else (1, None)
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,
                      a.q.stride(0), b.q.stride(0), t, window or 0, HAS_POST=post is not None,
-                     CAUSAL=causal is not None, WINDOW=window is not None, LONG_K=kp > KS.value, SLICES=slices,
+                     CAUSAL=causal is not None, WINDOW=window is not None, STORE_UNSEEN=store_unseen,
+                     LONG_K=kp > KS.value, SLICES=slices,
                      **cfg, **BR_OPTIONS)
     return out
 

@@ -85,6 +85,36 @@ def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr, ONE: tl.constexpr
         tl.store(y_row + idx, tl.load(y_row + idx, mask=idx < n, other=0.0) * r, mask=idx < n)
 
 
+@triton.jit(do_not_specialize=["n", "window", "top"])
+def _causal_forward_kernel(x_ptr, y_ptr, n, window, top, BAND: tl.constexpr, BLOCK: tl.constexpr):
+    """A row of causal attention logits (query i = row % n of n keys, seeing keys i - window < j <= i) whose
+    unseen entries are -inf: the row's bits as _forward_row's, reading only the BAND entries ending at key i.
+
+    An unseen entry's e in the full row is exp64(-inf - m): 0, or NaN when m is -inf or NaN, and then a seen
+    entry's e is NaN too (exp64(-inf - -inf), or NaN - m). So the unseen entries add nothing to the max, the
+    scale, the flags or the fixed-point sum that the seen ones do not, and their y is 0 * (1 / s) (NaN exactly
+    when the row's is): they need not be read (nor written by _logits: hp_gemm(..., store_unseen=False))."""
+    row = tl.program_id(0).to(tl.int64)
+    i = row % n
+    x_row, y_row = x_ptr + row * n, y_ptr + row * n
+    start = tl.maximum(i + 1 - BAND, 0)
+    idx = start + tl.arange(0, BAND)
+    seen = (idx <= i) & (idx > i - window)
+    x = tl.load(x_row + idx, mask=seen, other=-INF)
+    m = tl.where(tl.max((x != x).to(tl.int32), 0) != 0, nan_f64().to(tl.float32), tl.max(x, 0))
+    e = tl.where(seen, exp64(x.to(tl.float64) - m.to(tl.float64)).to(tl.float32), 0.0)
+    e64 = e.to(tl.float64)
+    s = scale_shift(tl.max(finite_abs(e64), 0), top)
+    f = or_reduce(flags_of(e64), 0)
+    total = tl.where(f != 0, nonfinite_sum(f), from_fixed(tl.sum(to_fixed(e64, s), 0), s))
+    r = div_rn(tl.full([BAND], 1.0, tl.float32), tl.broadcast_to(total.to(tl.float32), [BAND]))
+    tl.store(y_row + idx, e * r, mask=idx < n)  # in-band unseen lanes: e = 0, so 0 * r as outside
+    y_out = 0.0 * div_rn(tl.full([BLOCK], 1.0, tl.float32), tl.broadcast_to(total.to(tl.float32), [BLOCK]))
+    for s0 in range(0, n, BLOCK):
+        j = s0 + tl.arange(0, BLOCK)
+        tl.store(y_row + j, y_out, mask=(j < n) & ((j < start) | (j >= start + BAND)))
+
+
 @triton.jit(do_not_specialize=["n", "top"])
 def _backward_kernel(y_ptr, g_ptr, dx_ptr, n, top, BLOCK: tl.constexpr):
     # no register-resident variant: at [B, H, 2048, 2048] it took 1.74 ms a layer on the H200 against 1.38
@@ -146,6 +176,36 @@ def _launch_backward(y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(n)
     _backward_kernel[(r,)](y2, g2, dx2, n, top, BLOCK=_block(n), num_warps=8, **BR_OPTIONS)
     return _back(dx2, y, dim)
+
+
+MAX_BAND = 2048  # the causal row kernel's keys in registers
+
+
+def causal_band_fits(t: int, window: int | None) -> bool:
+    """Whether softmax_causal_ reads only the seen entries of [.., T, T] logits (else it reads all of them):
+    for a sliding window whose band is shorter than the row. (A global causal row read up to its diagonal
+    measured 0.97x of the full-row kernel on the H200: the same exp64 work over the row's lanes, and a second
+    store pass; docs/perf.md.)"""
+    if window is None:
+        return False
+    band = pow2_at_least(window)
+    return band <= MAX_BAND and band < t
+
+
+def softmax_causal_(x: torch.Tensor, window: int | None) -> torch.Tensor:
+    """ref.softmax_ of causal attention logits x [..., T, T] (rows: queries at row % T) whose unseen entries are
+    -inf. When causal_band_fits, those entries are not read, so a caller may leave them unwritten; otherwise
+    this is softmax_ and reads every entry."""
+    t = x.shape[-1]
+    if not (_usable(x) and x.is_contiguous() and x.shape[-2] % t == 0 and causal_band_fits(t, window)):
+        return softmax_(x, -1)
+    band = pow2_at_least(window)
+    x2 = x.reshape(-1, t)
+    y2 = torch.empty_like(x2)
+    top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
+    _causal_forward_kernel[(x2.shape[0],)](x2, y2, t, window, top, BAND=band, BLOCK=_block(t),
+                                           num_warps=max(1, min(8, band // 64)), **BR_OPTIONS)
+    return y2.reshape(x.shape)
 
 
 def _usable(x: torch.Tensor) -> bool:

@@ -377,6 +377,27 @@ def test_softmax(shape, dim):
     three_ways(lambda t: t_soft.softmax(t, dim), lambda t: r_soft.softmax(t, dim), [x], g, cpu=shape[0] < 4096)
 
 
+@pytest.mark.parametrize("heads,t,window", [(3, 20, None), (2, 33, 5), (2, 200, 40), (1, 70, 64), (1, 100, 300),
+                                             pytest.param(4, 2048, 512, marks=gpu_only),
+                                             pytest.param(2, 2048, 100, marks=gpu_only)], ids=str)
+def test_softmax_causal_reads_seen_keys_only(heads, t, window):
+    """Attention's causal rows: the reference's softmax_ of the masked logits, with NaN where the twin must not
+    read (the unseen entries, which _logits leaves unwritten); rows with a NaN, a +inf, a -inf and all -inf
+    among their seen keys."""
+    x = normal((heads * t, t), "sm-causal", t, window, std=4.0)
+    allowed = r_att.allowed_keys(t, True, window).repeat(heads, 1)
+    x[3, 0] = float("nan")
+    x[t - 1, t - 1] = float("inf")
+    x[5, 5] = -float("inf")
+    x[heads * t // 2 + 1, :] = -float("inf")  # every seen key of this row is -inf: max -inf, the unseen e NaN
+    masked = torch.where(allowed, x, torch.full_like(x, -float("inf")))
+    unread = torch.where(allowed, x, torch.full_like(x, float("nan")))
+    twin = t_soft.softmax_causal_(unread.to(CUDA), window) if t_soft.causal_band_fits(t, window) else \
+        t_soft.softmax_causal_(masked.to(CUDA), window)
+    assert mismatches(twin, r_soft.softmax_(masked.to(CUDA), -1)) == 0
+    assert mismatches(twin, r_soft.softmax_(masked, -1)) == 0
+
+
 # Triton 3.6's interpreter casts float32 -> bfloat16 by truncation (1 + 2^-8 + 2^-10 -> 1.0; torch and the GPU's
 # cvt.rn give 1 + 2^-7): the bfloat16 masters can only be checked on a GPU
 bf16_on_gpu = pytest.mark.skipif(INTERPRET, reason="TRITON_INTERPRET truncates float32 -> bfloat16")

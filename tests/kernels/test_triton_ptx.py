@@ -80,6 +80,8 @@ KERNELS = {
                     dict(BLOCK=2048, ONE=False)),
     "softmax_fwd_row": (softmax._forward_kernel, {"x_ptr": P32, "y_ptr": P32, "n": "i32", "top": "i32"},
                         dict(BLOCK=2048, ONE=True)),
+    "softmax_fwd_causal": (softmax._causal_forward_kernel, {"x_ptr": P32, "y_ptr": P32, "n": "i32", "window": "i32",
+                                                          "top": "i32"}, dict(BAND=512, BLOCK=2048)),
     "softmax_bwd": (softmax._backward_kernel, {"y_ptr": P32, "g_ptr": P32, "dx_ptr": P32, "n": "i32", "top": "i32"},
                     dict(BLOCK=2048)),
     "adamw_bf16": (adamw._step_kernel, {"p_ptr": "*bf16", "g_ptr": "*bf16", "m_ptr": P32, "v_ptr": P32,
@@ -151,11 +153,14 @@ KERNELS7 = {
                                                          "SEG": "i32", "part_ptr": P64, "badp_ptr": I32}, W8,
                        dict(R=32, BK=128)),
     "hp_gemm": (contraction._hp_kernel, HP_SIG, HP_OPTS,
-                dict(HAS_POST=True, CAUSAL=False, WINDOW=False, LONG_K=False, SLICES=3, **HP_CFG)),
-    "hp_gemm_long_k": (contraction._hp_kernel, HP_SIG, HP_OPTS, dict(HAS_POST=False, CAUSAL=False, WINDOW=False,
-                                                                     LONG_K=True, SLICES=3, **HP_CFG)),
-    "hp_gemm_causal": (contraction._hp_kernel, HP_SIG, HP_OPTS, dict(HAS_POST=True, CAUSAL=True, WINDOW=True,
-                                                                     LONG_K=False, SLICES=3, **HP_CFG)),
+                dict(HAS_POST=True, CAUSAL=False, WINDOW=False, STORE_UNSEEN=True, LONG_K=False, SLICES=3,
+                     **HP_CFG)),
+    "hp_gemm_long_k": (contraction._hp_kernel, HP_SIG, HP_OPTS,
+                       dict(HAS_POST=False, CAUSAL=False, WINDOW=False, STORE_UNSEEN=True, LONG_K=True, SLICES=3,
+                            **HP_CFG)),
+    "hp_gemm_causal": (contraction._hp_kernel, HP_SIG, HP_OPTS,
+                       dict(HAS_POST=True, CAUSAL=True, WINDOW=True, STORE_UNSEEN=False, LONG_K=False, SLICES=3,
+                            **HP_CFG)),
     "loss_row": (loss._row_kernel, {"buf_ptr": P32, "targets_ptr": I64, "ce_ptr": P32, "z_ptr": P32, "V": "i32",
                                     "top": "i32", "ignore_index": "i32", "z2": "fp32", "q_ptr": I8, "e_ptr": I64,
                                     "bad_ptr": I32, "plane": "i32", "Kp": "i32"}, dict(num_warps=8),
@@ -226,7 +231,7 @@ def test_no_fma_and_no_approximate_ops(compiled):
 def test_division_and_sqrt_are_correctly_rounded(compiled):
     assert "div.rn.f64" in compiled["unary_fwd_3"]          # sigmoid: 1 / (1 + e^-x) in float64
     assert "sqrt.rn.f64" in compiled["unary_fwd_2"]         # rsqrt: the correctly rounded sqrt
-    assert "div.rn.f32" in compiled["softmax_fwd"] and "div.rn.f32" in compiled["softmax_fwd_row"]  # 1 / s
+    assert all("div.rn.f32" in compiled[k] for k in ("softmax_fwd", "softmax_fwd_row", "softmax_fwd_causal"))  # 1 / s
     assert "div.rn.f32" in compiled["adamw_bf16"] and "sqrt.rn.f64" in compiled["adamw_bf16"]
     assert "cvt.rn.bf16.f32" in compiled["adamw_bf16"]      # the one rounding to the param dtype: to nearest even
 
