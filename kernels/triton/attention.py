@@ -158,6 +158,20 @@ def _probabilities(logits: torch.Tensor, causal: bool, window: int | None) -> to
     return t_soft.softmax_causal_(logits, window) if causal else t_soft.softmax_(logits, -1)
 
 
+def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, band: int | None) -> torch.Tensor:
+    """dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)): with a sliding window `band`, each row of P and dP is
+    read over its window only, unless dP's row holds a non-finite entry (flagged by the contraction)."""
+    if band is None:
+        return t_soft.softmax_backward(p, hp.hp_matmul_(gog, v.transpose(-1, -2)), -1)
+    b, hkv, gt, d = gog.shape
+    t = v.shape[2]
+    sg = hp.operand_rows(gog, hp.DEFAULT_SLICES, transpose=False)
+    sv = hp.operand_rows(v.transpose(-1, -2), hp.DEFAULT_SLICES, transpose=True)  # as hp_matmul_ cuts V^T
+    flags = torch.zeros(b * hkv * gt, dtype=torch.int32, device=gog.device)
+    dp = hp.hp_gemm(sg, sv, b * hkv, gt, t, row_flags=flags).reshape(b, hkv, gt, t)
+    return t_soft.softmax_causal_backward(p, dp, band, flags)
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, allowed, scale, pv_block, causal, window):
@@ -167,6 +181,7 @@ class _Attention(torch.autograd.Function):
         qg = q.reshape(b, hkv, g * t, d)
         p = _probabilities(_logits(qg, k, allowed, scale, causal, window), causal, window)
         ctx.save_for_backward(qg, k, v, p, scale)
+        ctx.band = window if causal and t_soft.causal_band_fits(t, window) and b * hkv <= MAX_BATCH else None
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)
 
@@ -179,8 +194,7 @@ class _Attention(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             dv = hp.hp_matmul_(p.transpose(-1, -2), gog)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            dp = hp.hp_matmul_(gog, v.transpose(-1, -2))
-            ds = t_soft.softmax_backward(p, dp, -1)  # straight-through: the unquantized softmax backward
+            ds = _scores_grad(gog, v, p, ctx.band)  # straight-through: the unquantized softmax backward
             if ctx.needs_input_grad[0]:
                 dq = (hp.hp_matmul_(ds, k) * scale).reshape(go.shape)
             if ctx.needs_input_grad[1]:

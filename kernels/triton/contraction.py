@@ -260,15 +260,16 @@ def _seen(rm, rn, T, window, WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, M, N, Kp, sa, sb, T, window,
-               HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, STORE_UNSEEN: tl.constexpr,
-               LONG_K: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-               GROUP_M: tl.constexpr):
+def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, flags_ptr, M, N, Kp, sa, sb,
+               T, window, HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+               STORE_UNSEEN: tl.constexpr, ROW_FLAGS: tl.constexpr, LONG_K: tl.constexpr, SLICES: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T).
 
     CAUSAL (attention logits, queries x keys): entries a query does not see are -inf, after the POST factor,
     as the reference's torch.where; a tile none of whose queries sees any of its keys skips the contraction,
-    and without STORE_UNSEEN also its store (for a consumer that reads seen entries only)."""
+    and without STORE_UNSEEN also its store (for a consumer that reads seen entries only).
+    ROW_FLAGS: flags[b M + m] |= 1 where output row m holds a non-finite entry (an atomic OR: any order)."""
     batch = tl.program_id(1).to(tl.int64)
     rm, rn = tile_rows(tl.program_id(0), M, N, BM, BN, GROUP_M)
     a_live, b_live = rm < M, rn < N
@@ -294,6 +295,9 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
     if CAUSAL:
         y = tl.where(seen, y, -INF)
     tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=store)
+    if ROW_FLAGS:
+        odd = tl.max(tl.where(store & ((y != y) | (tl.abs(y) == INF)), 1, 0), axis=1)
+        tl.atomic_or(flags_ptr + batch * M + rm, odd, mask=a_live & (odd != 0))
 
 
 SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the epilogue's scratch
@@ -316,11 +320,12 @@ def config(slices: int = 3, use: str | None = None) -> dict:
 
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
             causal: tuple[int, int | None] | None = None, use: str | None = None,
-            store_unseen: bool = True) -> torch.Tensor:
+            store_unseen: bool = True, row_flags: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows), times the float32
     `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys.
     store_unseen=False leaves the tiles that no query of theirs sees unwritten (softmax.softmax_causal_ reads
-    seen entries only): most of a sliding-window layer's logits."""
+    seen entries only): most of a sliding-window layer's logits. row_flags (int32 [batch * m], zeros): set to
+    non-zero for the rows that hold a non-finite entry."""
     slices, _, kp = a.q.shape
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
@@ -328,10 +333,10 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
     cfg = config(slices, use or ("causal" if causal is not None else None))
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     t, window = causal if causal is not None else (1, None)
-    _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out, m, n, kp,
-                     a.q.stride(0), b.q.stride(0), t, window or 0, HAS_POST=post is not None,
-                     CAUSAL=causal is not None, WINDOW=window is not None, STORE_UNSEEN=store_unseen,
-                     LONG_K=kp > KS.value, SLICES=slices,
+    _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out,
+                     row_flags if row_flags is not None else a.bad, m, n, kp, a.q.stride(0), b.q.stride(0), t,
+                     window or 0, HAS_POST=post is not None, CAUSAL=causal is not None, WINDOW=window is not None,
+                     STORE_UNSEEN=store_unseen, ROW_FLAGS=row_flags is not None, LONG_K=kp > KS.value, SLICES=slices,
                      **cfg, **BR_OPTIONS)
     return out
 

@@ -4,7 +4,8 @@ One program per row. Forward: the max (NaN-propagating, as torch.amax), e = floa
 parked in the output, the exact fixed-point sum of e, y = e * (1 / s) with a correctly rounded division.
 Backward: dx = float32(y (g - <g, y>)) in float64, the dot an exact fixed-point sum. In the forward, a row
 of at most 2048 entries (attention's rows) stays in registers: one read and one write instead of a pass per
-step (1.56 vs 1.98 ms a layer of the open-1b proxy on the H200).
+step (1.56 vs 1.98 ms a layer of the open-1b proxy on the H200). Sliding-window attention rows have their own
+forward and backward (softmax_causal_, softmax_causal_backward), which read a row's window only.
 """
 from __future__ import annotations
 
@@ -115,11 +116,9 @@ def _causal_forward_kernel(x_ptr, y_ptr, n, window, top, BAND: tl.constexpr, BLO
         tl.store(y_row + j, y_out, mask=(j < n) & ((j < start) | (j >= start + BAND)))
 
 
-@triton.jit(do_not_specialize=["n", "top"])
-def _backward_kernel(y_ptr, g_ptr, dx_ptr, n, top, BLOCK: tl.constexpr):
-    # no register-resident variant: at [B, H, 2048, 2048] it took 1.74 ms a layer on the H200 against 1.38
-    row = tl.program_id(0).to(tl.int64)
-    y_row, g_row = y_ptr + row * n, g_ptr + row * n
+@triton.jit
+def _backward_row(y_row, g_row, dx_row, n, top, BLOCK: tl.constexpr):
+    """dx = float32(y (g - <g, y>)) for one row, in float64, the dot an exact fixed-point sum."""
     amax = tl.zeros([BLOCK], tl.float64)
     fl = tl.zeros([BLOCK], tl.int32)
     for start in range(0, n, BLOCK):
@@ -141,7 +140,45 @@ def _backward_kernel(y_ptr, g_ptr, dx_ptr, n, top, BLOCK: tl.constexpr):
         idx = start + tl.arange(0, BLOCK)
         y = tl.load(y_row + idx, mask=idx < n, other=0.0).to(tl.float64)
         g = tl.load(g_row + idx, mask=idx < n, other=0.0).to(tl.float64)
-        tl.store(dx_ptr + row * n + idx, (y * (g - d)).to(tl.float32), mask=idx < n)
+        tl.store(dx_row + idx, (y * (g - d)).to(tl.float32), mask=idx < n)
+
+
+@triton.jit(do_not_specialize=["n", "top"])
+def _backward_kernel(y_ptr, g_ptr, dx_ptr, n, top, BLOCK: tl.constexpr):
+    # no register-resident variant: at [B, H, 2048, 2048] it took 1.74 ms a layer on the H200 against 1.38
+    row = tl.program_id(0).to(tl.int64)
+    _backward_row(y_ptr + row * n, g_ptr + row * n, dx_ptr + row * n, n, top, BLOCK)
+
+
+@triton.jit(do_not_specialize=["n", "top"])
+def _causal_backward_kernel(y_ptr, g_ptr, dx_ptr, flags_ptr, n, top, BAND: tl.constexpr, BLOCK: tl.constexpr):
+    """dx of a sliding-window row of _causal_forward_kernel's y, reading y and g over the BAND entries ending at
+    key i only, when g's row is finite (flags[row] == 0; else the whole row, as _backward_kernel).
+
+    Outside the band y is +0 (or NaN where the whole row of y is NaN, and then the band's p are NaN too): there
+    g y is +-0, which adds nothing to <g, y>'s scale, flags or sum, and dx = 0 (g - d) is a zero, or NaN when d
+    is not finite, which 0 (0 - d) gives as well. The zero's sign may differ (g - d's): dS is read only by the
+    hp splits, which cut +0 and -0 to the same slices, so no bit of dq or dk can show it."""
+    row = tl.program_id(0).to(tl.int64)
+    y_row, g_row, dx_row = y_ptr + row * n, g_ptr + row * n, dx_ptr + row * n
+    if tl.load(flags_ptr + row) != 0:
+        _backward_row(y_row, g_row, dx_row, n, top, BLOCK)
+    else:
+        i = row % n
+        start = tl.maximum(i + 1 - BAND, 0)
+        idx = start + tl.arange(0, BAND)
+        lanes = idx < n
+        y = tl.load(y_row + idx, mask=lanes, other=0.0).to(tl.float64)
+        g = tl.load(g_row + idx, mask=lanes, other=0.0).to(tl.float64)
+        p = g * y
+        s = scale_shift(tl.max(finite_abs(p), 0), top)
+        f = or_reduce(flags_of(p), 0)
+        d = tl.where(f != 0, nonfinite_sum(f), from_fixed(tl.sum(to_fixed(p, s), 0), s))
+        tl.store(dx_row + idx, (y * (g - d)).to(tl.float32), mask=lanes)
+        out = tl.broadcast_to((0.0 * (0.0 - d)).to(tl.float32), [BLOCK])
+        for s0 in range(0, n, BLOCK):
+            j = s0 + tl.arange(0, BLOCK)
+            tl.store(dx_row + j, out, mask=(j < n) & ((j < start) | (j >= start + BAND)))
 
 
 def _rows(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -206,6 +243,23 @@ def softmax_causal_(x: torch.Tensor, window: int | None) -> torch.Tensor:
     _causal_forward_kernel[(x2.shape[0],)](x2, y2, t, window, top, BAND=band, BLOCK=_block(t),
                                            num_warps=max(1, min(8, band // 64)), **BR_OPTIONS)
     return y2.reshape(x.shape)
+
+
+def softmax_causal_backward(y: torch.Tensor, g: torch.Tensor, window: int | None,
+                            g_flags: torch.Tensor) -> torch.Tensor:
+    """ref.softmax_backward(y, g, -1) for y = softmax_causal_(x, window), up to the sign of dx's zeros outside a
+    row's window (see _causal_backward_kernel; hp splits cannot see it). g_flags: int32 per row of g, non-zero
+    where that row holds a non-finite entry (hp_gemm(..., row_flags=)); such rows are read in full."""
+    t = y.shape[-1]
+    if not (_usable(y) and on_triton(g) and g.dtype == F32 and g.shape == y.shape and y.is_contiguous()
+            and g.is_contiguous() and y.shape[-2] % t == 0 and causal_band_fits(t, window)
+            and g_flags.numel() == y.numel() // t):
+        return softmax_backward(y, g, -1)
+    dx = torch.empty_like(y)
+    top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
+    _causal_backward_kernel[(y.numel() // t,)](y, g, dx, g_flags, t, top, BAND=pow2_at_least(window),
+                                              BLOCK=_block(t), num_warps=8, **BR_OPTIONS)
+    return dx
 
 
 def _usable(x: torch.Tensor) -> bool:

@@ -398,6 +398,31 @@ def test_softmax_causal_reads_seen_keys_only(heads, t, window):
     assert mismatches(twin, r_soft.softmax_(masked, -1)) == 0
 
 
+@pytest.mark.parametrize("heads,t,window", [(2, 33, 5), (2, 200, 40), (1, 70, 64),
+                                             pytest.param(4, 2048, 512, marks=gpu_only)], ids=str)
+def test_softmax_causal_backward_reads_the_window(heads, t, window):
+    """dS of a sliding-window row from its window alone: the reference's bits, but for the sign of the zeros
+    outside the window (what the hp splits of dS cannot see); rows whose g holds a non-finite entry (flagged)
+    are read in full and match to the bit. y has a NaN row (a NaN logit); g a NaN, a +inf outside the window and
+    a -inf inside."""
+    x = normal((heads * t, t), "smb-causal", t, window, std=4.0)
+    allowed = r_att.allowed_keys(t, True, window).repeat(heads, 1)
+    x[1, 0] = float("nan")
+    y = r_soft.softmax_(torch.where(allowed, x, torch.full_like(x, -float("inf"))), -1)
+    g = normal((heads * t, t), "smb-causal", t, window, "g")
+    g[4, 2] = float("nan")
+    g[t - 1, 0] = float("inf")  # outside row t-1's window: the reference's dS row is NaN
+    g[7, 7] = -float("inf")
+    flags = (~torch.isfinite(g)).any(-1).to(torch.int32)
+    twin = t_soft.softmax_causal_backward(y.to(CUDA), g.to(CUDA), window, flags.to(CUDA)).cpu()
+    want = r_soft.softmax_backward(y, g, -1)
+    assert mismatches(twin[allowed], want[allowed]) == 0
+    assert mismatches(twin + 0.0, want + 0.0) == 0  # -0 + 0 = +0: outside the window only the zeros' sign may differ
+    assert mismatches(twin[flags != 0], want[flags != 0]) == 0
+    ref_cuda = r_soft.softmax_backward(y.to(CUDA), g.to(CUDA), -1).cpu()
+    assert mismatches(twin + 0.0, ref_cuda + 0.0) == 0
+
+
 # Triton 3.6's interpreter casts float32 -> bfloat16 by truncation (1 + 2^-8 + 2^-10 -> 1.0; torch and the GPU's
 # cvt.rn give 1 + 2^-7): the bfloat16 masters can only be checked on a GPU
 bf16_on_gpu = pytest.mark.skipif(INTERPRET, reason="TRITON_INTERPRET truncates float32 -> bfloat16")
