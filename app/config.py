@@ -68,7 +68,7 @@ class ModelConfig:
     pv_block: int = 64  # keys per int8 block of attention's P.V (kernels.ref.attention)
     loss_chunk: int = 1024  # tokens per chunk of the fused CE + z-loss (a multiple of TOKEN_BLOCK, 1024)
     head_slices: int = 3  # int8 slices of the LM head's contractions: 3 keep 20 bits below a row's largest
-    # |element|; each slice fewer halves the head's int8 products and costs ~2^7 in error (docs/perf.md)
+    # |element|; s slices cost s (s + 1) / 2 int8 products each, and each slice fewer ~10-100x in error (docs/perf.md)
     moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:

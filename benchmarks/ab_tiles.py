@@ -33,6 +33,8 @@ LOSS_VARIANTS = [("production (rows 2048 x 8 warps; head/dW 128 x 64 x 128, 3 st
     (f"{use} {bm} x {bn} x {bk}, {w} warps, {st} stages",
      {(hp, "TILES"): {use: dict(BM=bm, BN=bn, BK=bk, num_warps=w, num_stages=st)}})
     for use, (bm, bn, bk, w, st) in (("head", (128, 64, 64, 8, 4)), ("dw", (64, 64, 128, 4, 2)))]
+
+
 def _no_band(t, window):
     """The previous path: causal logits written in full, softmax rows read in full."""
     return False

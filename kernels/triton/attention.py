@@ -2,8 +2,9 @@
 
 The reference's steps, each on its twin: logits = hp_matmul_(q, k^T) (kernels/triton/contraction) times
 the float32 scale, masked with -inf (both in the contraction's epilogue, which skips the tiles wholly masked
-and, with a sliding window, leaves them unwritten), softmax_ (kernels/triton/softmax; a sliding-window row is
-read over its window only: the unseen keys' -inf are known without reading them), then P.V in int8 here: V is cut
+and, for a window that softmax.causal_band_fits, leaves them unwritten), softmax_ (kernels/triton/softmax; such
+a row is read over its window only: the unseen keys' -inf are known without reading them), then P.V in int8
+here: V is cut
 once per key block (step amax|v|/127 per block and column, codes stored K-contiguous) with the column's
 fixed-point shift from its whole-T amax; one program per tile of query rows quantizes each P block per row
 (step max p / 127), multiplies on int8 tensor cores, dequantizes ((float32(acc) * s_p) * s_v) and adds the
@@ -158,10 +159,11 @@ def _probabilities(logits: torch.Tensor, causal: bool, window: int | None) -> to
     return t_soft.softmax_causal_(logits, window) if causal else t_soft.softmax_(logits, -1)
 
 
-def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, band: int | None) -> torch.Tensor:
-    """dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)): with a sliding window `band`, each row of P and dP is
-    read over its window only, unless dP's row holds a non-finite entry (flagged by the contraction)."""
-    if band is None:
+def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: int | None) -> torch.Tensor:
+    """dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)): given a sliding `window` (that causal_band_fits), each
+    row of P and dP is read over its window only, unless dP's row holds a non-finite entry (flagged by the
+    contraction); with None, every row in full."""
+    if window is None:
         return t_soft.softmax_backward(p, hp.hp_matmul_(gog, v.transpose(-1, -2)), -1)
     b, hkv, gt, d = gog.shape
     t = v.shape[2]
@@ -169,7 +171,7 @@ def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, band: int 
     sv = hp.operand_rows(v.transpose(-1, -2), hp.DEFAULT_SLICES, transpose=True)  # as hp_matmul_ cuts V^T
     flags = torch.zeros(b * hkv * gt, dtype=torch.int32, device=gog.device)
     dp = hp.hp_gemm(sg, sv, b * hkv, gt, t, row_flags=flags).reshape(b, hkv, gt, t)
-    return t_soft.softmax_causal_backward(p, dp, band, flags)
+    return t_soft.softmax_causal_backward(p, dp, window, flags)
 
 
 class _Attention(torch.autograd.Function):
@@ -181,7 +183,8 @@ class _Attention(torch.autograd.Function):
         qg = q.reshape(b, hkv, g * t, d)
         p = _probabilities(_logits(qg, k, allowed, scale, causal, window), causal, window)
         ctx.save_for_backward(qg, k, v, p, scale)
-        ctx.band = window if causal and t_soft.causal_band_fits(t, window) and b * hkv <= MAX_BATCH else None
+        # the backward's rows read over their window: hp_gemm's grid takes at most MAX_BATCH
+        ctx.band_window = window if causal and t_soft.causal_band_fits(t, window) and b * hkv <= MAX_BATCH else None
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)
 
@@ -194,7 +197,7 @@ class _Attention(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             dv = hp.hp_matmul_(p.transpose(-1, -2), gog)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            ds = _scores_grad(gog, v, p, ctx.band)  # straight-through: the unquantized softmax backward
+            ds = _scores_grad(gog, v, p, ctx.band_window)  # straight-through: the unquantized softmax backward
             if ctx.needs_input_grad[0]:
                 dq = (hp.hp_matmul_(ds, k) * scale).reshape(go.shape)
             if ctx.needs_input_grad[1]:

@@ -132,13 +132,12 @@ def _dw_kernel(ga_ptr, hb_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, dw_ptr, dw32_
 
 
 def _chunk(h, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0, c1, need_h,
-           need_w):  # the slice count is w_rows's
+           need_w, slices):
     """Tokens [c0, c1): ce, z, dh rows (scaled by 1/n) and the chunk's dW blocks into dw64 (into dw, scaled
     and rounded, at the last chunk)."""
     n_c = c1 - c0
     v, d = w_rows.q.shape[1], h.shape[1]
     hc = h[c0:c1]
-    slices = w_rows.q.shape[0]
     hs = hp.split(hc, n_c, d, hc.stride(0), hc.stride(1), slices)
     buf = hp.hp_gemm(hs, w_rows, 1, n_c, v, use="head")[0]  # logits [n_c, V]
     need_g = need_h or need_w
@@ -202,7 +201,7 @@ class _CrossEntropyZLoss(torch.autograd.Function):
             w_cols = hp.split(w, d, w.shape[0], w.stride(1), w.stride(0), slices) if need_h else None  # dh: over V
             for c0 in range(0, n, chunk):
                 _chunk(hc, w_rows, w_cols, targets, ignore_index, z2, ce, z, dh, dw64, dw, inv_n, inv_n32, c0,
-                       min(c0 + chunk, n), need_h, need_w)
+                       min(c0 + chunk, n), need_h, need_w, slices)
         ce_mean = t_reduce.exact_sum(ce, 0, scale=inv_n)
         z_mean = t_reduce.exact_sum(z, 0, scale=inv_n)
         loss = ce_mean + upload(z_weight, dev) * z_mean

@@ -234,8 +234,12 @@ def softmax_causal_(x: torch.Tensor, window: int | None) -> torch.Tensor:
     -inf. When causal_band_fits, those entries are not read, so a caller may leave them unwritten; otherwise
     this is softmax_ and reads every entry."""
     t = x.shape[-1]
-    if not (_usable(x) and x.is_contiguous() and x.shape[-2] % t == 0 and causal_band_fits(t, window)):
+    if not causal_band_fits(t, window):
         return softmax_(x, -1)
+    if not (_usable(x) and x.is_contiguous() and x.shape[-2] % t == 0):
+        # no fallback to a full-row read here: the caller may have left the unseen entries unwritten
+        raise ValueError(f"softmax_causal_: argument 'x' must be contiguous float32 [..., G T, T] logits on a "
+                         f"Triton device, got {x.dtype} {tuple(x.shape)} on {x.device}")
     band = pow2_at_least(window)
     x2 = x.reshape(-1, t)
     y2 = torch.empty_like(x2)

@@ -610,6 +610,22 @@ def test_hp_matmul(sa, sb, slices):
     assert mismatches(t_hp.hp_matmul_(a.to(CUDA), bt.to(CUDA), slices), r_hp.hp_matmul_(a, b, slices)) == 0
 
 
+def test_hp_gemm_row_flags():
+    """hp_gemm(..., row_flags=) flags exactly the output rows holding a NaN or an infinity: a NaN row of A (in
+    the second batch), one product overflowing float32 (row 5 of the first), rows past a tile's edge."""
+    a, b = normal((2, 150, 24), "hp-flags"), normal((2, 70, 24), "hp-flags", "b")  # B^T rows
+    a[0, 5, :], b[0, 3, :] = 1e30, 1e30   # a[0, 5] . b[0, 3] ~ 2e61: +inf after the rounding, the rest finite
+    a[1, 7, 2] = float("nan")
+    sa = t_hp.operand_rows(a.to(CUDA), 3, transpose=False)
+    sb = t_hp.operand_rows(b.to(CUDA), 3, transpose=False)
+    flags = torch.zeros(300, dtype=torch.int32, device=CUDA)
+    out = t_hp.hp_gemm(sa, sb, 2, 150, 70, row_flags=flags)
+    assert mismatches(out, t_hp.hp_gemm(sa, sb, 2, 150, 70)) == 0  # the flags change no bit of the product
+    want = (~torch.isfinite(out.cpu())).any(-1).reshape(-1)
+    assert want.sum() == 2 and bool(want[5]) and bool(want[150 + 7])
+    assert torch.equal(flags.cpu() != 0, want)
+
+
 @pytest.mark.parametrize("n,d,v,chunk,z_weight,ignored", [(300, 40, 77, 1024, 1e-4, 0.2), (1300, 33, 50, 2048, 0.0, 0.0),
                                                           (64, 20, 30, 1024, 1e-3, 1.0),
                                                           pytest.param(2500, 40, 300, 1024, 1e-4, 0.1, marks=gpu_only),
@@ -714,6 +730,19 @@ def test_attention(b, hq, hkv, t, d, kw):
     g = normal((b, hq, t, d), "att", t, d, "g")
     three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
                [q, k, v], g, cpu=t < 1000)
+
+
+@pytest.mark.parametrize("where", ["v", "go", "q"])
+def test_attention_nonfinite_window(where):
+    """A sliding window's backward with a non-finite input: an infinite V entry (every row of dP flagged, read in
+    full), a NaN in dO (that row flagged), a NaN in q (a NaN row of P, read over its window)."""
+    q, k, v = normal((1, 2, 40, 16), "att-nfw"), normal((1, 1, 40, 16), "att-nfw", "k"), \
+        normal((1, 1, 40, 16), "att-nfw", "v")
+    g = normal((1, 2, 40, 16), "att-nfw", "g")
+    {"v": v, "go": g, "q": q}[where][0, 0, 17, 3] = float("inf") if where == "v" else float("nan")
+    kw = dict(window=6, pv_block=8)
+    three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
+               [q, k, v], g)
 
 
 def test_attention_nonfinite():
