@@ -135,7 +135,8 @@ def pv_int8(p: torch.Tensor, v: torch.Tensor, block: int, causal: bool = False,
     return out
 
 
-def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, causal: bool, window: int | None):
+def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, window: int | None,
+            store_unseen: bool):
     """The reference's hp_matmul_(q, k^T) * scale, masked with -inf where `allowed` is False: with the scale and
     the mask in the contraction's epilogue (no pass over [B, H, T, T] of their own), and the key tiles that no
     query of a row tile sees not multiplied at all (most of a sliding-window layer's)."""
@@ -150,8 +151,8 @@ def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, cau
     sq = hp.operand_rows(qg, hp.DEFAULT_SLICES, transpose=False)
     sk = hp.operand_rows(k, hp.DEFAULT_SLICES, transpose=False)  # k's rows are k^T's columns: hp_matmul_'s B^T
     mask = (t, window) if allowed is not None else None
-    return hp.hp_gemm(sq, sk, b * hkv, m, t, post=scale, causal=mask,
-                      store_unseen=not (causal and t_soft.causal_band_fits(t, window))).reshape(b, hkv, m, t)
+    return hp.hp_gemm(sq, sk, b * hkv, m, t, post=scale, causal=mask, store_unseen=store_unseen
+                      ).reshape(b, hkv, m, t)
 
 
 def _probabilities(logits: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
@@ -165,12 +166,8 @@ def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: in
     contraction); with None, every row in full."""
     if window is None:
         return t_soft.softmax_backward(p, hp.hp_matmul_(gog, v.transpose(-1, -2)), -1)
-    b, hkv, gt, d = gog.shape
-    t = v.shape[2]
-    sg = hp.operand_rows(gog, hp.DEFAULT_SLICES, transpose=False)
-    sv = hp.operand_rows(v.transpose(-1, -2), hp.DEFAULT_SLICES, transpose=True)  # as hp_matmul_ cuts V^T
-    flags = torch.zeros(b * hkv * gt, dtype=torch.int32, device=gog.device)
-    dp = hp.hp_gemm(sg, sv, b * hkv, gt, t, row_flags=flags).reshape(b, hkv, gt, t)
+    flags = torch.zeros(gog.shape[:-1].numel(), dtype=torch.int32, device=gog.device)
+    dp = hp.hp_matmul_(gog, v.transpose(-1, -2), row_flags=flags)
     return t_soft.softmax_causal_backward(p, dp, window, flags)
 
 
@@ -181,10 +178,12 @@ class _Attention(torch.autograd.Function):
         hkv = k.shape[1]
         g = hq // hkv
         qg = q.reshape(b, hkv, g * t, d)
-        p = _probabilities(_logits(qg, k, allowed, scale, causal, window), causal, window)
+        # a sliding window whose rows both softmax passes read over the window only (the logits' unseen tiles
+        # left unwritten), or None
+        band_window = window if causal and t_soft.causal_band_fits(t, window) else None
+        p = _probabilities(_logits(qg, k, allowed, scale, window, band_window is None), causal, window)
         ctx.save_for_backward(qg, k, v, p, scale)
-        # the backward's rows read over their window: hp_gemm's grid takes at most MAX_BATCH
-        ctx.band_window = window if causal and t_soft.causal_band_fits(t, window) and b * hkv <= MAX_BATCH else None
+        ctx.band_window = band_window
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)
 

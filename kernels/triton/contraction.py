@@ -362,10 +362,19 @@ def _usable(a, b, slices) -> bool:
             and a.shape[-1] <= MAX_K)
 
 
-def hp_matmul_(a: torch.Tensor, b: torch.Tensor, slices: int = ref.DEFAULT_SLICES) -> torch.Tensor:
-    """a [..., M, K] @ b [..., K, N] -> float32 [..., M, N] without autograd: the bits of ref.hp_matmul_."""
+def _flag_rows(out: torch.Tensor, row_flags: torch.Tensor | None) -> torch.Tensor:
+    """hp_gemm's row flags for a product computed elsewhere (the reference's fallbacks)."""
+    if row_flags is not None:
+        row_flags |= (~torch.isfinite(out)).any(-1).reshape(-1).to(row_flags.dtype)
+    return out
+
+
+def hp_matmul_(a: torch.Tensor, b: torch.Tensor, slices: int = ref.DEFAULT_SLICES, *,
+               row_flags: torch.Tensor | None = None) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N] -> float32 [..., M, N] without autograd: the bits of ref.hp_matmul_.
+    row_flags (int32, one per output row, zeros): set non-zero for the rows holding a non-finite entry."""
     if not _usable(a, b, slices):
-        return ref.hp_matmul_(a, b, slices)
+        return _flag_rows(ref.hp_matmul_(a, b, slices), row_flags)
     m, n = a.shape[-2], b.shape[-1]
     lead = a.shape[:-2]
     batch = 1
@@ -374,10 +383,10 @@ def hp_matmul_(a: torch.Tensor, b: torch.Tensor, slices: int = ref.DEFAULT_SLICE
     if batch == 0 or m == 0 or n == 0:
         return torch.zeros((*lead, m, n), dtype=F32, device=a.device)
     if batch > MAX_BATCH:
-        return ref.hp_matmul_(a, b, slices)
+        return _flag_rows(ref.hp_matmul_(a, b, slices), row_flags)
     sa = operand_rows(a, slices, transpose=False)
     sb = operand_rows(b, slices, transpose=True)
-    return hp_gemm(sa, sb, batch, m, n).reshape(*lead, m, n)
+    return hp_gemm(sa, sb, batch, m, n, row_flags=row_flags).reshape(*lead, m, n)
 
 
 class _HpMatmul(torch.autograd.Function):
