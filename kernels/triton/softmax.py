@@ -253,7 +253,7 @@ def softmax_causal_backward(y: torch.Tensor, g: torch.Tensor, window: int | None
                             g_flags: torch.Tensor) -> torch.Tensor:
     """ref.softmax_backward(y, g, -1) for y = softmax_causal_(x, window), up to the sign of dx's zeros outside a
     row's window (see _causal_backward_kernel; hp splits cannot see it). g_flags: int32 per row of g, non-zero
-    where that row holds a non-finite entry (hp_gemm(..., row_flags=)); such rows are read in full."""
+    where that row holds a non-finite entry (contraction.hp_matmul_(..., row_flags=)); such rows are read in full."""
     t = y.shape[-1]
     if not (_usable(y) and on_triton(g) and g.dtype == F32 and g.shape == y.shape and y.is_contiguous()
             and g.is_contiguous() and y.shape[-2] % t == 0 and causal_band_fits(t, window)
