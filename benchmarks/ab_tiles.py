@@ -40,8 +40,14 @@ def _no_band(t, window):
     return False
 
 
+def _no_band_splits(t, k, window):
+    """The previous backward: P^T, dS and dS^T split and multiplied over whole rows."""
+    return False
+
+
 ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
                       ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
+                      ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits}),
                       ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
                       ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}}),
                       ("causal 128 x 64 x 64, 4 stages",

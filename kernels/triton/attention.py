@@ -10,7 +10,9 @@ fixed-point shift from its whole-T amax; one program per tile of query rows quan
 (step max p / 127), multiplies on int8 tensor cores, dequantizes ((float32(acc) * s_p) * s_v) and adds the
 block's int64 fixed-point value, so the block order cannot show. Blocks wholly above the causal diagonal
 (or before the window) are skipped: their P is exactly 0 (our exp of -inf), which adds 0.
-Backward: the reference's straight-through contractions, all through the hp_matmul_ and softmax twins.
+Backward: the reference's straight-through contractions, all through the hp_matmul_ and softmax twins; in a
+sliding-window layer whose T is a multiple of contraction.BAND_ALIGN, P^T, dS and dS^T are split and multiplied
+over their bands only (_band_grads says why that is exact).
 """
 from __future__ import annotations
 
@@ -155,20 +157,41 @@ def _logits(qg: torch.Tensor, k: torch.Tensor, allowed, scale: torch.Tensor, win
                       ).reshape(b, hkv, m, t)
 
 
-def _probabilities(logits: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
-    """softmax_ of the logits; a windowed row's unseen keys (left unwritten by _logits) are not read."""
-    return t_soft.softmax_causal_(logits, window) if causal else t_soft.softmax_(logits, -1)
+def _probabilities(logits: torch.Tensor, causal: bool, window: int | None,
+                   row_nan: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax_ of the logits; a windowed row's unseen keys (left unwritten by _logits) are not read (and its
+    NaN rows flagged in row_nan)."""
+    return t_soft.softmax_causal_(logits, window, row_nan) if causal else t_soft.softmax_(logits, -1)
 
 
-def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: int | None) -> torch.Tensor:
-    """dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)): given a sliding `window` (that causal_band_fits), each
-    row of P and dP is read over its window only, unless dP's row holds a non-finite entry (flagged by the
-    contraction); with None, every row in full."""
+def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: int | None):
+    """(dS, flags): dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)). Given a sliding `window` (that
+    causal_band_fits), each row of P and dP is read over its window only, unless dP's row holds a non-finite
+    entry (flags, int32 per row, from the contraction); with None, every row in full, and flags None."""
     if window is None:
-        return t_soft.softmax_backward(p, hp.hp_matmul_(gog, v.transpose(-1, -2)), -1)
+        return t_soft.softmax_backward(p, hp.hp_matmul_(gog, v.transpose(-1, -2)), -1), None
     flags = torch.zeros(gog.shape[:-1].numel(), dtype=torch.int32, device=gog.device)
     dp = hp.hp_matmul_(gog, v.transpose(-1, -2), row_flags=flags)
-    return t_soft.softmax_causal_backward(p, dp, window, flags)
+    return t_soft.softmax_causal_backward(p, dp, window, flags), flags
+
+
+def _band_grads(gog: torch.Tensor, qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor,
+                p_nan: torch.Tensor, scale: torch.Tensor, window: int):
+    """(dq, dk, dv) of a sliding-window layer whose P^T, dS and dS^T are split and multiplied over their bands
+    only (contraction.band_split). Exact: outside a key's or a query's band P is +0, and dS +-0 (both cut to
+    zero slices), except in rows that are non-finite throughout: a NaN row of P (row_nan, from the forward)
+    makes every entry of that row of P and of dS non-finite, and so does a flagged row of dP (a non-finite g
+    makes <g, y> non-finite: dS = y (g - d) is then inf or NaN everywhere). Such a row shows in every query
+    row's own band, and for the key rows (P^T, dS^T) it sets every key of its batch bad: batch_bad."""
+    b, hkv, gt, d = gog.shape
+    t = v.shape[2]
+    p_bad = p_nan.view(b * hkv, gt).amax(1)
+    dv = hp.hp_band_matmul_(p.transpose(-1, -2), gog, hp.KEY_ROWS, t, window, p_bad)
+    ds, flags = _scores_grad(gog, v, p, window)
+    dq = hp.hp_band_matmul_(ds, k, hp.QUERY_ROWS, t, window) * scale
+    ds_bad = flags.view(b * hkv, gt).amax(1) | p_bad
+    dk = hp.hp_band_matmul_(ds.transpose(-1, -2), qg, hp.KEY_ROWS, t, window, ds_bad) * scale
+    return dq, dk, dv
 
 
 class _Attention(torch.autograd.Function):
@@ -181,22 +204,28 @@ class _Attention(torch.autograd.Function):
         # a sliding window whose rows both softmax passes read over the window only (the logits' unseen tiles
         # left unwritten), or None
         band_window = window if causal and t_soft.causal_band_fits(t, window) else None
-        p = _probabilities(_logits(qg, k, allowed, scale, window, band_window is None), causal, window)
-        ctx.save_for_backward(qg, k, v, p, scale)
+        # the backward's splits and contractions over the band too (_band_grads), given P's NaN rows
+        p_nan = torch.empty(b * hkv * g * t, dtype=torch.int32, device=q.device) \
+            if band_window is not None and hp.band_fits(t, g * t, band_window) and b * hkv <= MAX_BATCH else None
+        p = _probabilities(_logits(qg, k, allowed, scale, window, band_window is None), causal, window, p_nan)
+        ctx.save_for_backward(qg, k, v, p, scale, p_nan)
         ctx.band_window = band_window
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)
 
     @staticmethod
     def backward(ctx, go):
-        qg, k, v, p, scale = ctx.saved_tensors
+        qg, k, v, p, scale, p_nan = ctx.saved_tensors
         b, hkv, gt, d = qg.shape
         gog = go.contiguous().reshape(b, hkv, gt, d)
+        if p_nan is not None:
+            dq, dk, dv = _band_grads(gog, qg, k, v, p, p_nan, scale, ctx.band_window)
+            return dq.reshape(go.shape), dk, dv, None, None, None, None, None
         dq = dk = dv = None
         if ctx.needs_input_grad[2]:
             dv = hp.hp_matmul_(p.transpose(-1, -2), gog)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            ds = _scores_grad(gog, v, p, ctx.band_window)  # straight-through: the unquantized softmax backward
+            ds, _ = _scores_grad(gog, v, p, ctx.band_window)  # straight-through: the unquantized softmax backward
             if ctx.needs_input_grad[0]:
                 dq = (hp.hp_matmul_(ds, k) * scale).reshape(go.shape)
             if ctx.needs_input_grad[1]:

@@ -109,6 +109,63 @@ def store_slices(x, scale, out, plane, mask, SLICES: tl.constexpr):
         v = (v - q) * 128.0  # exact: q is v's nearest integer
 
 
+BAND_ALIGN = tl.constexpr(128)  # a banded operand's K ranges start and end at multiples of this
+KEY_ROWS, QUERY_ROWS = 1, 2  # the two banded operands (band_span's KBAND)
+
+
+@triton.jit
+def band_span(row0, T, K, window, KBAND: tl.constexpr):
+    """(lo, hi, nseg): the K ranges [s T + lo, s T + hi), s < nseg, that hold every entry a sliding-`window`
+    attention row of the aligned rows around row0 (its BAND_ALIGN rows) can see. KEY_ROWS: rows are keys j of
+    P^T or dS^T, K the G T (query head, query) pairs, and query i sees key j iff j <= i < j + window;
+    QUERY_ROWS: rows are queries (position row % T) of dS, K the T keys, seen iff i - window < j <= i."""
+    a0 = (row0 % T) // BAND_ALIGN * BAND_ALIGN
+    wspan = tl.cdiv(window - 1, BAND_ALIGN) * BAND_ALIGN  # window - 1 rounded up: the band past the rows' range
+    if KBAND == 1:  # KEY_ROWS
+        lo = a0
+        hi = tl.minimum(a0 + BAND_ALIGN + wspan, T)
+        nseg = K // T
+    else:
+        lo = tl.maximum(a0 - wspan, 0)
+        hi = a0 + BAND_ALIGN
+        nseg = 1
+    return lo, hi, nseg
+
+
+@triton.jit(do_not_specialize=["rows", "K", "RB", "T", "window"])
+def _band_split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, Kp, T, window, bbad_ptr, q_ptr, e_ptr, bad_ptr,
+                       KBAND: tl.constexpr, BATCH_BAD: tl.constexpr, SLICES: tl.constexpr, R: tl.constexpr,
+                       BK: tl.constexpr):
+    """_split_kernel's slices, exponents and flags for a banded operand (band_split), reading and writing only
+    the K ranges of band_span (the slices elsewhere stay unwritten: the band GEMM never reads them).
+    BATCH_BAD: bad[r] also |= bbad[batch of r] (the non-finite entries that can lie outside the ranges)."""
+    r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    live = r < rows
+    b = r // RB
+    base = x_ptr + b * s_batch + (r % RB) * s_row
+    lim = (rows // RB) * K
+    lo, hi, nseg = band_span((tl.program_id(0) * R) % RB, T, K, window, KBAND)  # R rows share one range
+    amax = tl.zeros([R], tl.float64)
+    bad = tl.zeros([R], tl.int32)
+    for s in range(0, nseg):
+        a, f = _split_stats(base, b, live, s * T + lo, s * T + hi, K, lim, s_col, R, BK)
+        amax = tl.maximum(amax, a)
+        bad = bad | f
+    if BATCH_BAD:
+        bad = bad | tl.load(bbad_ptr + b, mask=live, other=0)
+    e = frexp_exponent(amax)
+    scale = pow2(6 - e)[:, None]
+    plane = rows.to(tl.int64) * Kp
+    for s in range(0, nseg):
+        for k0 in range(s * T + lo, s * T + hi, BK):
+            k = k0 + tl.arange(0, BK)
+            x = _split_load(base, b, k, live, K, lim, s_col)
+            store_slices(x, scale, q_ptr + r[:, None] * Kp + k[None, :], plane, live[:, None] & (k < Kp)[None, :],
+                         SLICES)
+    tl.store(e_ptr + r, e, mask=live)
+    tl.store(bad_ptr + r, bad, mask=live)
+
+
 class Sliced:
     """An operand cut into int8 slices: q [slices, rows, Kp], e [rows] int64, bad [rows] int32."""
 
@@ -155,32 +212,39 @@ def empty_sliced(rows: int, k: int, slices: int, device) -> Sliced:
 def _dots(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, k0, k1, c0, c1, c2, c3,
           SLICES: tl.constexpr, BK: tl.constexpr):
     """Accumulate the slice products of K-steps [k0, k1) into c_t (t = i + j), int32, exact."""
-    rk = tl.arange(0, BK)
     for k in range(k0, k1, BK):
-        kin = (k + rk < Kp)[None, :]
-        pa = a_ptr + a_rows[:, None] * Kp + (k + rk)[None, :]
-        pb = b_ptr + b_rows[:, None] * Kp + (k + rk)[None, :]
-        a0 = tl.load(pa, mask=kin, other=0)
-        b0 = tl.load(pb, mask=kin, other=0)
-        c0 = tl.dot(a0, tl.trans(b0), c0, out_dtype=tl.int32)
-        if SLICES > 1:
-            a1 = tl.load(pa + sa, mask=kin, other=0)
-            b1 = tl.load(pb + sb, mask=kin, other=0)
-            c1 = tl.dot(a0, tl.trans(b1), c1, out_dtype=tl.int32)
-            c1 = tl.dot(a1, tl.trans(b0), c1, out_dtype=tl.int32)
-        if SLICES > 2:
-            a2 = tl.load(pa + 2 * sa, mask=kin, other=0)
-            b2 = tl.load(pb + 2 * sb, mask=kin, other=0)
-            c2 = tl.dot(a0, tl.trans(b2), c2, out_dtype=tl.int32)
-            c2 = tl.dot(a1, tl.trans(b1), c2, out_dtype=tl.int32)
-            c2 = tl.dot(a2, tl.trans(b0), c2, out_dtype=tl.int32)
-        if SLICES > 3:
-            a3 = tl.load(pa + 3 * sa, mask=kin, other=0)
-            b3 = tl.load(pb + 3 * sb, mask=kin, other=0)
-            c3 = tl.dot(a0, tl.trans(b3), c3, out_dtype=tl.int32)
-            c3 = tl.dot(a1, tl.trans(b2), c3, out_dtype=tl.int32)
-            c3 = tl.dot(a2, tl.trans(b1), c3, out_dtype=tl.int32)
-            c3 = tl.dot(a3, tl.trans(b0), c3, out_dtype=tl.int32)
+        c0, c1, c2, c3 = _dot_step(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, k, c0, c1, c2, c3, SLICES, BK)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _dot_step(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, k, c0, c1, c2, c3, SLICES: tl.constexpr, BK: tl.constexpr):
+    """The slice products of K-steps [k, k + BK) added to c_t (t = i + j)."""
+    rk = tl.arange(0, BK)
+    kin = (k + rk < Kp)[None, :]
+    pa = a_ptr + a_rows[:, None] * Kp + (k + rk)[None, :]
+    pb = b_ptr + b_rows[:, None] * Kp + (k + rk)[None, :]
+    a0 = tl.load(pa, mask=kin, other=0)
+    b0 = tl.load(pb, mask=kin, other=0)
+    c0 = tl.dot(a0, tl.trans(b0), c0, out_dtype=tl.int32)
+    if SLICES > 1:
+        a1 = tl.load(pa + sa, mask=kin, other=0)
+        b1 = tl.load(pb + sb, mask=kin, other=0)
+        c1 = tl.dot(a0, tl.trans(b1), c1, out_dtype=tl.int32)
+        c1 = tl.dot(a1, tl.trans(b0), c1, out_dtype=tl.int32)
+    if SLICES > 2:
+        a2 = tl.load(pa + 2 * sa, mask=kin, other=0)
+        b2 = tl.load(pb + 2 * sb, mask=kin, other=0)
+        c2 = tl.dot(a0, tl.trans(b2), c2, out_dtype=tl.int32)
+        c2 = tl.dot(a1, tl.trans(b1), c2, out_dtype=tl.int32)
+        c2 = tl.dot(a2, tl.trans(b0), c2, out_dtype=tl.int32)
+    if SLICES > 3:
+        a3 = tl.load(pa + 3 * sa, mask=kin, other=0)
+        b3 = tl.load(pb + 3 * sb, mask=kin, other=0)
+        c3 = tl.dot(a0, tl.trans(b3), c3, out_dtype=tl.int32)
+        c3 = tl.dot(a1, tl.trans(b2), c3, out_dtype=tl.int32)
+        c3 = tl.dot(a2, tl.trans(b1), c3, out_dtype=tl.int32)
+        c3 = tl.dot(a3, tl.trans(b0), c3, out_dtype=tl.int32)
     return c0, c1, c2, c3
 
 
@@ -224,6 +288,29 @@ def hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, 
     else:
         c0, c1, c2, c3 = _dots(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, 0, Kp, c0, c1, c2, c3, SLICES, BK)
         acc = _combine(c0, c1, c2, c3, SLICES)
+    return _tile_value(acc, a_rows, b_rows, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live, SLICES)
+
+
+@triton.jit
+def _hp_band_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
+                  lo, hi, nseg, stride, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """hp_tile over the K ranges [s stride + lo, s stride + hi), s < nseg, only (Kp <= KS: no int64 flushes).
+    The integer sum over the K-steps left out is 0 when their slices are (band_span's operands)."""
+    c0 = tl.zeros([BM, BN], tl.int32)
+    c1 = tl.zeros([BM, BN], tl.int32)
+    c2 = tl.zeros([BM, BN], tl.int32)
+    c3 = tl.zeros([BM, BN], tl.int32)
+    steps = (hi - lo) // BK  # lo and hi are multiples of BAND_ALIGN, hence of BK
+    for i in range(0, nseg * steps):  # one flat loop: Triton pipelines its loads (a nested one it does not)
+        k = tl.multiple_of((i // steps) * stride + lo + (i % steps) * BK, 16)  # T, lo, BK are: wide loads
+        c0, c1, c2, c3 = _dot_step(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, k, c0, c1, c2, c3, SLICES, BK)
+    acc = _combine(c0, c1, c2, c3, SLICES)
+    return _tile_value(acc, a_rows, b_rows, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live, SLICES)
+
+
+@triton.jit
+def _tile_value(acc, a_rows, b_rows, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live, SLICES: tl.constexpr):
+    """The float32 output of a tile's int64 slice sum: scaled by the rows' and columns' exponents, NaN on bad."""
     low = 6 + 7 * (SLICES - 1)
     ea = tl.load(ea_ptr + a_rows, mask=a_live, other=0)
     eb = tl.load(eb_ptr + b_rows, mask=b_live, other=0)
@@ -262,14 +349,15 @@ def _seen(rm, rn, T, window, WINDOW: tl.constexpr):
 @triton.jit
 def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, flags_ptr, M, N, Kp, sa, sb,
                T, window, HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-               STORE_UNSEEN: tl.constexpr, ROW_FLAGS: tl.constexpr, LONG_K: tl.constexpr, SLICES: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+               STORE_UNSEEN: tl.constexpr, ROW_FLAGS: tl.constexpr, LONG_K: tl.constexpr, KBAND: tl.constexpr,
+               SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T).
 
     CAUSAL (attention logits, queries x keys): entries a query does not see are -inf, after the POST factor,
     as the reference's torch.where; a tile none of whose queries sees any of its keys skips the contraction,
     and without STORE_UNSEEN also its store (for a consumer that reads seen entries only).
-    ROW_FLAGS: flags[b M + m] |= 1 where output row m holds a non-finite entry (an atomic OR: any order)."""
+    ROW_FLAGS: flags[b M + m] |= 1 where output row m holds a non-finite entry (an atomic OR: any order).
+    KBAND (KEY_ROWS or QUERY_ROWS; A from band_split): the K-steps of band_span only, for T and window."""
     batch = tl.program_id(1).to(tl.int64)
     rm, rn = tile_rows(tl.program_id(0), M, N, BM, BN, GROUP_M)
     a_live, b_live = rm < M, rn < N
@@ -287,6 +375,10 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
                         b_live, LONG_K, SLICES, BM, BN, BK)
         else:
             y = tl.full([BM, BN], -INF, tl.float32)  # every entry is masked below: its value never shows
+    elif KBAND != 0:
+        lo, hi, nseg = band_span(tl.min(rm, 0), T, Kp, window, KBAND)  # BM divides BAND_ALIGN: one range a tile
+        y = _hp_band_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live,
+                          b_live, lo, hi, nseg, T, SLICES, BM, BN, BK)
     else:
         y = hp_tile(a_ptr, b_ptr, a_rows, b_rows, sa, sb, Kp, ea_ptr, eb_ptr, bada_ptr, badb_ptr, a_live, b_live,
                     LONG_K, SLICES, BM, BN, BK)
@@ -320,12 +412,14 @@ def config(slices: int = 3, use: str | None = None) -> dict:
 
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
             causal: tuple[int, int | None] | None = None, use: str | None = None,
-            store_unseen: bool = True, row_flags: torch.Tensor | None = None) -> torch.Tensor:
+            store_unseen: bool = True, row_flags: torch.Tensor | None = None,
+            band: tuple[int, int, int] | None = None) -> torch.Tensor:
     """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows), times the float32
     `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys.
     store_unseen=False leaves the tiles that no query of theirs sees unwritten (softmax.softmax_causal_ reads
     seen entries only): most of a sliding-window layer's logits. row_flags (int32 [batch * m], zeros): set to
-    non-zero for the rows that hold a non-finite entry."""
+    non-zero for the rows that hold a non-finite entry. band = (KEY_ROWS or QUERY_ROWS, T, window): A is
+    band_split's, and only the K-steps of its ranges are multiplied."""
     slices, _, kp = a.q.shape
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
@@ -333,11 +427,18 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
     cfg = config(slices, use or ("causal" if causal is not None else None))
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     t, window = causal if causal is not None else (1, None)
+    kband = 0
+    if band is not None:
+        kband, t, window = band
+        if causal is not None or kp > KS.value or BAND_ALIGN.value % cfg["BM"] or BAND_ALIGN.value % cfg["BK"]:
+            raise ValueError(f"hp_gemm: band {band} needs no causal mask, K <= {KS.value} and tiles dividing "
+                             f"{BAND_ALIGN.value}, got K {kp}, tile {cfg['BM']} x {cfg['BK']}")
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out,
                      row_flags if row_flags is not None else a.bad, m, n, kp, a.q.stride(0), b.q.stride(0), t,
-                     window or 0, HAS_POST=post is not None, CAUSAL=causal is not None, WINDOW=window is not None,
-                     STORE_UNSEEN=store_unseen, ROW_FLAGS=row_flags is not None, LONG_K=kp > KS.value, SLICES=slices,
-                     **cfg, **BR_OPTIONS)
+                     window or 0, HAS_POST=post is not None, CAUSAL=causal is not None,
+                     WINDOW=causal is not None and window is not None, STORE_UNSEEN=store_unseen,
+                     ROW_FLAGS=row_flags is not None, LONG_K=kp > KS.value, KBAND=kband, SLICES=slices, **cfg,
+                     **BR_OPTIONS)
     return out
 
 
@@ -353,6 +454,44 @@ def operand_rows(x: torch.Tensor, slices: int, transpose: bool) -> Sliced:
     if transpose:
         return split(x3, bsz * r1, r0, s1, s0, slices, batch_rows=r1, s_batch=sb)
     return split(x3, bsz * r0, r1, s0, s1, slices, batch_rows=r0, s_batch=sb)
+
+
+def band_fits(t: int, k: int, window: int | None) -> bool:
+    """Whether band_split and hp_gemm(band=) take a sliding-`window` attention operand with T = t keys and K = k:
+    T a multiple of BAND_ALIGN (so are a head's rows and every range), one int32 accumulation (K <= KS)."""
+    return window is not None and t % BAND_ALIGN.value == 0 and k <= KS.value
+
+
+def band_split(x: torch.Tensor, kind: int, t: int, window: int, batch_bad: torch.Tensor | None = None) -> Sliced:
+    """operand_rows(x, 3, transpose=False) of a banded attention operand x [..., R, K] (rows of P^T or dS^T for
+    KEY_ROWS, of dS for QUERY_ROWS; band_span), from its band only: the same exponents, flags and, inside the
+    ranges, slices, when every entry outside them is +-0 or non-finite with batch_bad[batch] != 0 (int32, one per
+    leading index; kernels/triton/attention.py says why its operands are). The slices outside stay unwritten."""
+    x3 = x.reshape(-1, *x.shape[-2:])
+    bsz, rb, k = x3.shape
+    if (not band_fits(t, k, window) or rb % BAND_ALIGN.value or BAND_ALIGN.value % SPLIT_R
+            or (kind == KEY_ROWS and k % t)):
+        raise ValueError(f"band_split: argument 'x' {tuple(x.shape)} is not a banded operand for T {t}, "
+                         f"window {window}")
+    out = empty_sliced(bsz * rb, k, ref.DEFAULT_SLICES, x.device)
+    sb, s_row, s_col = x3.stride()
+    _band_split_kernel[(cdiv(bsz * rb, SPLIT_R),)](
+        x3, sb, rb, s_row, s_col, bsz * rb, k, out.q.shape[2], t, window,
+        batch_bad if batch_bad is not None else out.bad, out.q, out.e, out.bad, KBAND=kind,
+        BATCH_BAD=batch_bad is not None, SLICES=ref.DEFAULT_SLICES, R=SPLIT_R, BK=SPLIT_K, num_warps=SPLIT_WARPS,
+        **BR_OPTIONS)
+    return out
+
+
+def hp_band_matmul_(a: torch.Tensor, b: torch.Tensor, kind: int, t: int, window: int,
+                    batch_bad: torch.Tensor | None = None) -> torch.Tensor:
+    """hp_matmul_(a, b) (3 slices) for a banded attention operand a [B, H, M, K] (band_split, whose conditions
+    give the reference's bits), with only the K-steps of a's ranges multiplied."""
+    lead = a.shape[:-2]
+    m, n = a.shape[-2], b.shape[-1]
+    sa = band_split(a, kind, t, window, batch_bad)
+    sb = operand_rows(b, ref.DEFAULT_SLICES, transpose=True)
+    return hp_gemm(sa, sb, lead.numel(), m, n, band=(kind, t, window)).reshape(*lead, m, n)
 
 
 def _usable(a, b, slices) -> bool:

@@ -87,14 +87,15 @@ def _forward_kernel(x_ptr, y_ptr, n, top, BLOCK: tl.constexpr, ONE: tl.constexpr
 
 
 @triton.jit(do_not_specialize=["n", "window", "top"])
-def _causal_forward_kernel(x_ptr, y_ptr, n, window, top, BAND: tl.constexpr, BLOCK: tl.constexpr):
+def _causal_forward_kernel(x_ptr, y_ptr, nan_ptr, n, window, top, BAND: tl.constexpr, BLOCK: tl.constexpr):
     """A row of causal attention logits (query i = row % n of n keys, seeing keys i - window < j <= i) whose
     unseen entries are -inf: the row's bits as _forward_row's, reading only the BAND entries ending at key i.
 
     An unseen entry's e in the full row is exp64(-inf - m): 0, or NaN when m is -inf or NaN, and then a seen
     entry's e is NaN too (exp64(-inf - -inf), or NaN - m). So the unseen entries add nothing to the max, the
     scale, the flags or the fixed-point sum that the seen ones do not, and their y is 0 * (1 / s) (NaN exactly
-    when the row's is): they need not be read (nor written by _logits: hp_gemm(..., store_unseen=False))."""
+    when the row's is): they need not be read (nor written by _logits: hp_gemm(..., store_unseen=False)).
+    nan[row] = 1 where the row's sum is NaN, i.e. every y of the row is NaN (else every y is finite)."""
     row = tl.program_id(0).to(tl.int64)
     i = row % n
     x_row, y_row = x_ptr + row * n, y_ptr + row * n
@@ -108,6 +109,7 @@ def _causal_forward_kernel(x_ptr, y_ptr, n, window, top, BAND: tl.constexpr, BLO
     s = scale_shift(tl.max(finite_abs(e64), 0), top)
     f = or_reduce(flags_of(e64), 0)
     total = tl.where(f != 0, nonfinite_sum(f), from_fixed(tl.sum(to_fixed(e64, s), 0), s))
+    tl.store(nan_ptr + row, (total != total).to(tl.int32))
     r = div_rn(tl.full([BAND], 1.0, tl.float32), tl.broadcast_to(total.to(tl.float32), [BAND]))
     tl.store(y_row + idx, e * r, mask=idx < n)  # in-band unseen lanes: e = 0, so 0 * r as outside
     y_out = 0.0 * div_rn(tl.full([BLOCK], 1.0, tl.float32), tl.broadcast_to(total.to(tl.float32), [BLOCK]))
@@ -229,10 +231,11 @@ def causal_band_fits(t: int, window: int | None) -> bool:
     return band <= MAX_BAND and band < t
 
 
-def softmax_causal_(x: torch.Tensor, window: int | None) -> torch.Tensor:
+def softmax_causal_(x: torch.Tensor, window: int | None, row_nan: torch.Tensor | None = None) -> torch.Tensor:
     """ref.softmax_ of causal attention logits x [..., T, T] (rows: queries at row % T) whose unseen entries are
-    -inf. When causal_band_fits, those entries are not read, so a caller may leave them unwritten; otherwise
-    this is softmax_ and reads every entry."""
+    -inf. When causal_band_fits, those entries are not read, so a caller may leave them unwritten, and row_nan
+    (int32, one per row), if given, is set to 1 where the output row is NaN, else 0; otherwise this is softmax_,
+    reads every entry and leaves row_nan alone."""
     t = x.shape[-1]
     if not causal_band_fits(t, window):
         return softmax_(x, -1)
@@ -243,8 +246,9 @@ def softmax_causal_(x: torch.Tensor, window: int | None) -> torch.Tensor:
     band = pow2_at_least(window)
     x2 = x.reshape(-1, t)
     y2 = torch.empty_like(x2)
+    nan = row_nan if row_nan is not None else torch.empty(x2.shape[0], dtype=torch.int32, device=x.device)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
-    _causal_forward_kernel[(x2.shape[0],)](x2, y2, t, window, top, BAND=band, BLOCK=_block(t),
+    _causal_forward_kernel[(x2.shape[0],)](x2, y2, nan, t, window, top, BAND=band, BLOCK=_block(t),
                                            num_warps=max(1, min(8, band // 64)), **BR_OPTIONS)
     return y2.reshape(x.shape)
 

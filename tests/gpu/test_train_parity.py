@@ -6,7 +6,8 @@
     PARITY_STEPS=100 python3 -m pytest tests/gpu/test_train_parity.py -s -k cpu
     BACKEND_STEPS=100 python3 -m pytest tests/gpu/test_train_parity.py -s -k triton
     (PARITY_CORPUS: corpus directory, default data/demo, built if missing; PARITY_OUT: keep the run
-    directories there instead of in pytest's tmp_path; each run's metrics.jsonl has its step seconds)
+    directories there instead of in pytest's tmp_path; each run's metrics.jsonl has its step seconds;
+    PARITY_CONFIG: another preset, e.g. `small`, whose 256-token windows take attention's band path)
 
 Each pair of runs are subprocesses (`python -m app train`), started together. On a difference the message
 names the first step and the first stage digest (forward, backward, reduced, clipped, optimizer) that differs.
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = int(os.environ.get("PARITY_STEPS", "100"))
 BACKEND_STEPS = int(os.environ.get("BACKEND_STEPS", "100"))
+CONFIG = os.environ.get("PARITY_CONFIG", "small-parity")
 STAGES = ("forward", "backward", "reduced", "clipped", "optimizer")
 
 
@@ -49,7 +51,7 @@ def _train_together(base: Path, steps: int, runs: dict[str, list[str]]) -> dict[
     corpus = _corpus()
     procs = {}
     for name, extra in runs.items():
-        cmd = [sys.executable, "-m", "app", "train", "--config", "small-parity", "--corpus", corpus,
+        cmd = [sys.executable, "-m", "app", "train", "--config", CONFIG, "--corpus", corpus,
                "--steps", str(steps), "--out", str(base / name), "--no-progress", "--checkpoint-every", "0",
                "--eval-every", "0", *extra]
         procs[name] = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -721,8 +721,15 @@ def test_cross_entropy_zloss_nonfinite_row():
                                             # rows across a head boundary (T not a multiple of the tile)
                                             (1, 4, 2, 200, 16, dict(pv_block=16, window=40)),
                                             (1, 2, 1, 150, 8, dict(pv_block=32)),
+                                            # T a multiple of the band's 128: the backward's splits and
+                                            # contractions over the band (one range of 128 + 128 keys, and
+                                            # a window past 128: ranges of 128 + 256, and their edges at T)
+                                            (1, 4, 2, 256, 16, dict(pv_block=16, window=40)),
+                                            (2, 2, 1, 384, 8, dict(pv_block=32, window=129)),
                                             pytest.param(2, 16, 4, 1024, 128, dict(pv_block=64), marks=gpu_only),
                                             pytest.param(1, 8, 2, 1000, 64, dict(pv_block=100, window=256),
+                                                         marks=gpu_only),
+                                            pytest.param(1, 16, 4, 2048, 128, dict(pv_block=64, window=512),
                                                          marks=gpu_only)], ids=str)
 def test_attention(b, hq, hkv, t, d, kw):
     q = normal((b, hq, t, d), "att", t, d, std=2.0)
@@ -741,6 +748,24 @@ def test_attention_nonfinite_window(where):
     g = normal((1, 2, 40, 16), "att-nfw", "g")
     {"v": v, "go": g, "q": q}[where][0, 0, 17, 3] = float("inf") if where == "v" else float("nan")
     kw = dict(window=6, pv_block=8)
+    three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
+               [q, k, v], g)
+
+
+@pytest.mark.parametrize("where", ["v", "go", "q", "q-all-inf"])
+def test_attention_nonfinite_band(where):
+    """The same on the backward's band path (T a multiple of 128): a non-finite row of P or dP sets every key of
+    its batch bad in P^T's or dS^T's split although it lies outside most keys' bands; the other batch stays
+    finite. q-all-inf: a query whose logits are all +inf (its P row NaN)."""
+    q, k, v = normal((2, 2, 512, 16), "att-nfb"), normal((2, 1, 512, 16), "att-nfb", "k"), \
+        normal((2, 1, 512, 16), "att-nfb", "v")
+    g = normal((2, 2, 512, 16), "att-nfb", "g")
+    # query 400 lies outside the ranges of keys 0..255 (theirs end at query 256): only batch_bad marks them
+    if where == "q-all-inf":
+        q[1, 1, 400] = float("inf")
+    else:
+        {"v": v, "go": g, "q": q}[where][1, 0, 400, 3] = float("inf") if where == "v" else float("nan")
+    kw = dict(window=40, pv_block=16)
     three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
                [q, k, v], g)
 
