@@ -28,7 +28,7 @@ from kernels.triton import attention as t_att, contraction as hp, softmax as t_s
 def _hp_parts(name: str, a: torch.Tensor, b: torch.Tensor, band: tuple | None = None,
               **gemm) -> list[tuple[str, object]]:
     """hp_matmul_(a, b) as its three launches: split a's rows, split b's columns, the GEMM; with band =
-    (kind, T, window, batch_bad), a's split and the GEMM over its band (kernels/triton/attention._band_grads)."""
+    (kind, T, window, batch_bad), a's split and the GEMM over its band (kernels/triton/attention._product)."""
     lead = a.shape[:-2]
     batch = lead.numel()
     m, n = a.shape[-2], b.shape[-1]

@@ -12,7 +12,7 @@ block's int64 fixed-point value, so the block order cannot show. Blocks wholly a
 (or before the window) are skipped: their P is exactly 0 (our exp of -inf), which adds 0.
 Backward: the reference's straight-through contractions, all through the hp_matmul_ and softmax twins; in a
 sliding-window layer whose T is a multiple of contraction.BAND_ALIGN, P^T, dS and dS^T are split and multiplied
-over their bands only (_band_grads says why that is exact).
+over their bands only (_product says why that is exact).
 """
 from __future__ import annotations
 
@@ -175,23 +175,18 @@ def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: in
     return t_soft.softmax_causal_backward(p, dp, window, flags), flags
 
 
-def _band_grads(gog: torch.Tensor, qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor,
-                p_nan: torch.Tensor, scale: torch.Tensor, window: int):
-    """(dq, dk, dv) of a sliding-window layer whose P^T, dS and dS^T are split and multiplied over their bands
-    only (contraction.band_split). Exact: outside a key's or a query's band P is +0, and dS +-0 (both cut to
-    zero slices), except in rows that are non-finite throughout: a NaN row of P (row_nan, from the forward)
-    makes every entry of that row of P and of dS non-finite, and so does a flagged row of dP (a non-finite g
-    makes <g, y> non-finite: dS = y (g - d) is then inf or NaN everywhere). Such a row shows in every query
-    row's own band, and for the key rows (P^T, dS^T) it sets every key of its batch bad: batch_bad."""
-    b, hkv, gt, d = gog.shape
-    t = v.shape[2]
-    p_bad = p_nan.view(b * hkv, gt).amax(1)
-    dv = hp.hp_band_matmul_(p.transpose(-1, -2), gog, hp.KEY_ROWS, t, window, p_bad)
-    ds, flags = _scores_grad(gog, v, p, window)
-    dq = hp.hp_band_matmul_(ds, k, hp.QUERY_ROWS, t, window) * scale
-    ds_bad = flags.view(b * hkv, gt).amax(1) | p_bad
-    dk = hp.hp_band_matmul_(ds.transpose(-1, -2), qg, hp.KEY_ROWS, t, window, ds_bad) * scale
-    return dq, dk, dv
+def _product(a: torch.Tensor, b: torch.Tensor, band: tuple | None, kind: int,
+             batch_bad: torch.Tensor | None = None) -> torch.Tensor:
+    """hp_matmul_(a, b); with band = (T, window), a (P^T, dS or dS^T of a sliding-window layer) is split and
+    multiplied over its band only (contraction.band_split, `kind` its rows). Exact: outside a key's or a query's
+    band P is +0, and dS +-0 (both cut to zero slices), except in rows that are non-finite throughout: a NaN row
+    of P (row_nan, from the forward) makes every entry of that row of P and of dS non-finite, and so does a
+    flagged row of dP (a non-finite g makes <g, y> non-finite: dS = y (g - d) is then inf or NaN everywhere).
+    Such a row shows in every query row's own band, and for the key rows (P^T, dS^T) it sets every key of its
+    batch bad: batch_bad."""
+    if band is None:
+        return hp.hp_matmul_(a, b)
+    return hp.hp_band_matmul_(a, b, kind, *band, batch_bad)
 
 
 class _Attention(torch.autograd.Function):
@@ -204,7 +199,7 @@ class _Attention(torch.autograd.Function):
         # a sliding window whose rows both softmax passes read over the window only (the logits' unseen tiles
         # left unwritten), or None
         band_window = window if causal and t_soft.causal_band_fits(t, window) else None
-        # the backward's splits and contractions over the band too (_band_grads), given P's NaN rows
+        # the backward's splits and contractions over the band too (_product), given P's NaN rows
         p_nan = torch.empty(b * hkv * g * t, dtype=torch.int32, device=q.device) \
             if band_window is not None and hp.band_fits(t, g * t, band_window) and b * hkv <= MAX_BATCH else None
         p = _probabilities(_logits(qg, k, allowed, scale, window, band_window is None), causal, window, p_nan)
@@ -218,18 +213,19 @@ class _Attention(torch.autograd.Function):
         qg, k, v, p, scale, p_nan = ctx.saved_tensors
         b, hkv, gt, d = qg.shape
         gog = go.contiguous().reshape(b, hkv, gt, d)
-        if p_nan is not None:
-            dq, dk, dv = _band_grads(gog, qg, k, v, p, p_nan, scale, ctx.band_window)
-            return dq.reshape(go.shape), dk, dv, None, None, None, None, None
+        band = (k.shape[2], ctx.band_window) if p_nan is not None else None
+        p_bad = p_nan.view(b * hkv, gt).amax(1) if band else None
         dq = dk = dv = None
         if ctx.needs_input_grad[2]:
-            dv = hp.hp_matmul_(p.transpose(-1, -2), gog)
+            dv = _product(p.transpose(-1, -2), gog, band, hp.KEY_ROWS, p_bad)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            ds, _ = _scores_grad(gog, v, p, ctx.band_window)  # straight-through: the unquantized softmax backward
+            # straight-through: the unquantized softmax backward
+            ds, flags = _scores_grad(gog, v, p, ctx.band_window)
             if ctx.needs_input_grad[0]:
-                dq = (hp.hp_matmul_(ds, k) * scale).reshape(go.shape)
+                dq = (_product(ds, k, band, hp.QUERY_ROWS) * scale).reshape(go.shape)
             if ctx.needs_input_grad[1]:
-                dk = hp.hp_matmul_(ds.transpose(-1, -2), qg) * scale
+                ds_bad = flags.view(b * hkv, gt).amax(1) | p_bad if band else None
+                dk = _product(ds.transpose(-1, -2), qg, band, hp.KEY_ROWS, ds_bad) * scale
         return dq, dk, dv, None, None, None, None, None
 
 
