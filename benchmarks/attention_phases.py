@@ -65,9 +65,10 @@ def phases(b: int, t: int, window: int | None, dev) -> tuple[list[tuple[str, obj
     ds = t_soft.softmax_causal_backward(p, dp, band, flags) if band else t_soft.softmax_backward(p, dp, -1)
     m = qg.shape[2]
     no_bad = torch.zeros(b * hkv, dtype=torch.int32, device=dev)  # finite inputs: no batch is bad
-    split_band = band is not None and hp.band_fits(t, m, band)
-    keys = (hp.KEY_ROWS, t, band, no_bad) if split_band else None
-    queries = (hp.QUERY_ROWS, t, band, None) if split_band else None
+    reach = min(window or t, t)  # the keys a row can see: its window, or up to its diagonal (attention.forward)
+    split_band = hp.band_fits(t, m, reach)
+    keys = (hp.KEY_ROWS, t, reach, no_bad) if split_band else None
+    queries = (hp.QUERY_ROWS, t, reach, None) if split_band else None
     steps = [("forward: logits (q and k split, causal GEMM)",
               lambda: t_att._logits(qg, kd, allowed, scale, window, band is None)),
              ("forward: softmax", lambda: t_att._probabilities(logits, True, window)),

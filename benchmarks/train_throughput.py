@@ -20,6 +20,12 @@ Every arm trains on the same token ids (random, seeded: speed does not depend on
   sets; the stage digests add the partial gradients (one set per microbatch) and clipped ones if clipping
   scaled them, the rest they share with the state hash (app/digests.DigestMemo).
 
+Our hashing arms also time their hashing inside each step, in the same steps as the step time: the state
+hash as the GPU time between CUDA events recorded around it (it runs after the step's kernels on their
+stream, so nothing else runs between), the stage digests as the trainer counts them (app/step._HashClock,
+events around each queued batch): `state_share_events`, `hash_share_events` (median over the timed steps of
+hash / step). Unlike the arm differences, these do not carry the ~3 ms run-to-run spread between arms.
+
 `--head-slices`: our arms run once per slice count of the LM head's contractions (`model.head_slices`, 3 by
 default; an arm at another count is named e.g. `triton/head2`): a different contract, with its own bits and
 errors (benchmarks/head_slices.py), timed beside the default one.
@@ -88,7 +94,8 @@ def _timed(fn, batches: list[torch.Tensor], warmup: int) -> dict:
         torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    return {"step_s": statistics.median(times), "step_times": times,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 def bench_stock(c: ModelConfig, batches, warmup: int, accum: int) -> dict:
@@ -134,13 +141,25 @@ def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, bac
     from app.step import run_step
 
     ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage)
+    spans: list = []  # per step: (stage digests' seconds, events around the state hash)
 
     def step(ids):
         r = run_step(st, ids, Topology(), ctx)
         if hashing:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
             state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
+            b.record()
+            spans.append((r.digest_seconds, a, b))
 
     out = _timed(step, batches, warmup)
+    if hashing:  # _timed synchronized after every step: the events are done
+        timed = spans[warmup:]
+        state_s = [a.elapsed_time(b) * 1e-3 for _, a, b in timed]
+        out.update(state_hash_s=statistics.median(state_s), digest_s=statistics.median(d for d, _, _ in timed),
+                   state_share_events=statistics.median(s / t for s, t in zip(state_s, out["step_times"])),
+                   hash_share_events=statistics.median((s + d) / t for s, (d, _, _), t
+                                                       in zip(state_s, timed, out["step_times"])))
     del st, ctx
     torch.cuda.empty_cache()
     return out
@@ -192,15 +211,18 @@ def main(argv=None) -> int:
             r["hash_share"] = 1 - ok[nohash]["step_s"] / r["step_s"]
     print(f"\nopen-1b proxy: {c.n_layers} layers, T {c.seq_len}, {args.accum} x {args.batch} windows/step ({tokens:,} tokens), "
           f"{fpt / 1e9:.2f} GFLOP/token\n")
-    print("| arm | step s | tok/s | MFU (bf16 peak) | stock / arm | hash share | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print("| arm | step s | tok/s | MFU (bf16 peak) | stock / arm | hash share (arms) | hash share (events: state "
+          "hash + stage digests) | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "error" in r:
-            print(f"| {r['arm']} | failed: {r['error'][:80]} | | | | | |")
+            print(f"| {r['arm']} | failed: {r['error'][:80]} | | | | | | |")
             continue
         ratio = f"{base['tok_s'] / r['tok_s']:.2f}x" if base else "-"
         share = f"{100 * r['hash_share']:.1f}%" if "hash_share" in r else "-"
+        ev = (f"{100 * r['hash_share_events']:.1f}% ({1e3 * r['state_hash_s']:.1f} + {1e3 * r['digest_s']:.1f} ms)"
+              if "hash_share_events" in r else "-")
         print(f"| {r['arm']} | {r['step_s']:.3f} | {r['tok_s']:,.0f} | {100 * r['mfu']:.1f}% | {ratio} | "
-              f"{share} | {r['peak_gib']:.1f} |")
+              f"{share} | {ev} | {r['peak_gib']:.1f} |")
     meta = {"command": "benchmarks/train_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "layers": c.n_layers, "seq_len": c.seq_len, "batch": args.batch, "accum": args.accum,

@@ -11,8 +11,8 @@ fixed-point shift from its whole-T amax; one program per tile of query rows quan
 block's int64 fixed-point value, so the block order cannot show. Blocks wholly above the causal diagonal
 (or before the window) are skipped: their P is exactly 0 (our exp of -inf), which adds 0.
 Backward: the reference's straight-through contractions, all through the hp_matmul_ and softmax twins; in a
-sliding-window layer whose T is a multiple of contraction.BAND_ALIGN, P^T, dS and dS^T are split and multiplied
-over their bands only (_product says why that is exact).
+causal layer whose T is a multiple of contraction.BAND_ALIGN, P^T, dS and dS^T are split and multiplied over
+their bands only: a sliding window's, or a global layer's causal triangle (_product says why that is exact).
 """
 from __future__ import annotations
 
@@ -164,24 +164,32 @@ def _probabilities(logits: torch.Tensor, causal: bool, window: int | None,
     return t_soft.softmax_causal_(logits, window, row_nan) if causal else t_soft.softmax_(logits, -1)
 
 
-def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: int | None):
-    """(dS, flags): dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)). Given a sliding `window` (that
-    causal_band_fits), each row of P and dP is read over its window only, unless dP's row holds a non-finite
-    entry (flags, int32 per row, from the contraction); with None, every row in full, and flags None."""
-    if window is None:
+def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: int | None, flagged: bool):
+    """(dS, flags): dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)). With `flagged`, flags (int32 per row)
+    marks dP's rows that hold a non-finite entry (from the contraction), and given a sliding `window` (that
+    causal_band_fits) each row of P and dP is read over its window only, unless flagged; else every row in
+    full, and flags None."""
+    if not flagged:
         return t_soft.softmax_backward(p, hp.hp_matmul_(gog, v.transpose(-1, -2)), -1), None
     flags = torch.zeros(gog.shape[:-1].numel(), dtype=torch.int32, device=gog.device)
     dp = hp.hp_matmul_(gog, v.transpose(-1, -2), row_flags=flags)
-    return t_soft.softmax_causal_backward(p, dp, window, flags), flags
+    return t_soft.softmax_causal_backward(p, dp, window, flags), flags  # window None: softmax_backward
+
+
+def _nan_rows(p: torch.Tensor) -> torch.Tensor:
+    """int32 per row of softmax_'s P [..., T]: 1 where the row is NaN. A row is NaN in every entry or in none
+    (y = e * (1 / s), and s is NaN when any e is, else at least the max's e = 1), so its first entry tells."""
+    return torch.isnan(p[..., 0]).reshape(-1).to(torch.int32)
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, band: tuple | None, kind: int,
              batch_bad: torch.Tensor | None = None) -> torch.Tensor:
-    """hp_matmul_(a, b); with band = (T, window), a (P^T, dS or dS^T of a sliding-window layer) is split and
-    multiplied over its band only (contraction.band_split, `kind` its rows). Exact: outside a key's or a query's
-    band P is +0, and dS +-0 (both cut to zero slices), except in rows that are non-finite throughout: a NaN row
-    of P (row_nan, from the forward) makes every entry of that row of P and of dS non-finite, and so does a
-    flagged row of dP (a non-finite g makes <g, y> non-finite: dS = y (g - d) is then inf or NaN everywhere).
+    """hp_matmul_(a, b); with band = (T, window), a (P^T, dS or dS^T of a causal layer; window T for a global
+    one) is split and multiplied over its band only (contraction.band_split, `kind` its rows). Exact: outside a
+    key's or a query's band P is +0, and dS +-0 (both cut to zero slices), except in rows that are non-finite
+    throughout: a NaN row of P (from the forward) makes every entry of that row of P and of dS non-finite, and so
+    does a flagged row of dP (a non-finite g makes <g, y> non-finite: dS = y (g - d) is then inf or NaN
+    everywhere; d is a float64 sum of float32 products, finite when they are).
     Such a row shows in every query row's own band, and for the key rows (P^T, dS^T) it sets every key of its
     batch bad: batch_bad."""
     if band is None:
@@ -199,12 +207,18 @@ class _Attention(torch.autograd.Function):
         # a sliding window whose rows both softmax passes read over the window only (the logits' unseen tiles
         # left unwritten), or None
         band_window = window if causal and t_soft.causal_band_fits(t, window) else None
-        # the backward's splits and contractions over the band too (_product), given P's NaN rows
+        # the backward's splits and contractions over the keys a causal row can see (_product), given P's NaN
+        # rows: flagged by the windowed softmax, else read off P
+        reach = min(window or t, t) if causal else None
+        banded = reach is not None and hp.band_fits(t, g * t, reach) and b * hkv <= MAX_BATCH
         p_nan = torch.empty(b * hkv * g * t, dtype=torch.int32, device=q.device) \
-            if band_window is not None and hp.band_fits(t, g * t, band_window) and b * hkv <= MAX_BATCH else None
+            if banded and band_window is not None else None
         p = _probabilities(_logits(qg, k, allowed, scale, window, band_window is None), causal, window, p_nan)
+        if banded and p_nan is None:
+            p_nan = _nan_rows(p)
         ctx.save_for_backward(qg, k, v, p, scale, p_nan)
         ctx.band_window = band_window
+        ctx.band = (t, reach) if banded else None
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)
 
@@ -213,14 +227,14 @@ class _Attention(torch.autograd.Function):
         qg, k, v, p, scale, p_nan = ctx.saved_tensors
         b, hkv, gt, d = qg.shape
         gog = go.contiguous().reshape(b, hkv, gt, d)
-        band = (k.shape[2], ctx.band_window) if p_nan is not None else None
+        band = ctx.band
         p_bad = p_nan.view(b * hkv, gt).amax(1) if band else None
         dq = dk = dv = None
         if ctx.needs_input_grad[2]:
             dv = _product(p.transpose(-1, -2), gog, band, hp.KEY_ROWS, p_bad)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             # straight-through: the unquantized softmax backward
-            ds, flags = _scores_grad(gog, v, p, ctx.band_window)
+            ds, flags = _scores_grad(gog, v, p, ctx.band_window, ctx.band_window is not None or band is not None)
             if ctx.needs_input_grad[0]:
                 dq = (_product(ds, k, band, hp.QUERY_ROWS) * scale).reshape(go.shape)
             if ctx.needs_input_grad[1]:

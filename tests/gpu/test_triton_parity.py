@@ -726,6 +726,10 @@ def test_cross_entropy_zloss_nonfinite_row():
                                             # a window past 128: ranges of 128 + 256, and their edges at T)
                                             (1, 4, 2, 256, 16, dict(pv_block=16, window=40)),
                                             (2, 2, 1, 384, 8, dict(pv_block=32, window=129)),
+                                            # a global causal layer's band: a key tile's queries up to T, a
+                                            # query tile's keys from 0; a window of T or more is the same
+                                            (1, 4, 2, 256, 16, dict(pv_block=16)),
+                                            (2, 2, 1, 384, 8, dict(pv_block=32, window=400)),
                                             pytest.param(2, 16, 4, 1024, 128, dict(pv_block=64), marks=gpu_only),
                                             pytest.param(1, 8, 2, 1000, 64, dict(pv_block=100, window=256),
                                                          marks=gpu_only),
@@ -752,20 +756,22 @@ def test_attention_nonfinite_window(where):
                [q, k, v], g)
 
 
+@pytest.mark.parametrize("window,at", [(40, 400), (None, 100)], ids=["window", "global"])
 @pytest.mark.parametrize("where", ["v", "go", "q", "q-all-inf"])
-def test_attention_nonfinite_band(where):
+def test_attention_nonfinite_band(where, window, at):
     """The same on the backward's band path (T a multiple of 128): a non-finite row of P or dP sets every key of
     its batch bad in P^T's or dS^T's split although it lies outside most keys' bands; the other batch stays
-    finite. q-all-inf: a query whose logits are all +inf (its P row NaN)."""
+    finite. q-all-inf: a query whose logits are all +inf (its P row NaN). Query `at` lies outside the bands of
+    most keys: with a window of 40, of keys 0..255 (their queries end at 256); in a global layer, of keys
+    128.. (their queries start at 128), and its P row is read off P itself (attention._nan_rows)."""
     q, k, v = normal((2, 2, 512, 16), "att-nfb"), normal((2, 1, 512, 16), "att-nfb", "k"), \
         normal((2, 1, 512, 16), "att-nfb", "v")
     g = normal((2, 2, 512, 16), "att-nfb", "g")
-    # query 400 lies outside the ranges of keys 0..255 (theirs end at query 256): only batch_bad marks them
     if where == "q-all-inf":
-        q[1, 1, 400] = float("inf")
+        q[1, 1, at] = float("inf")
     else:
-        {"v": v, "go": g, "q": q}[where][1, 0, 400, 3] = float("inf") if where == "v" else float("nan")
-    kw = dict(window=40, pv_block=16)
+        {"v": v, "go": g, "q": q}[where][1, 0, at, 3] = float("inf") if where == "v" else float("nan")
+    kw = dict(window=window, pv_block=16)
     three_ways(lambda x, y, z: t_att.attention(x, y, z, **kw), lambda x, y, z: r_att.attention(x, y, z, **kw),
                [q, k, v], g)
 
