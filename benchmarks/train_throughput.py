@@ -24,7 +24,12 @@ Our hashing arms also time their hashing inside each step, in the same steps as 
 hash as the GPU time between CUDA events recorded around it (it runs after the step's kernels on their
 stream, so nothing else runs between), the stage digests as the trainer counts them (app/step._HashClock,
 events around each queued batch): `state_share_events`, `hash_share_events` (median over the timed steps of
-hash / step). Unlike the arm differences, these do not carry the ~3 ms run-to-run spread between arms.
+hash / step). They count the hashing's GPU time (and any launch gaps inside it), not what it adds to the
+step: hash kernels queued ahead of a host-bound stretch of the step run in GPU time that would otherwise idle.
+- `triton-paired`: what hashing adds, without the ~3 ms spread between separately run arms: one process, one
+  state, rounds of three steps on the same tokens (no hashing, the state hash only, everything: the trainer's
+  step); `state_share_paired` and `hash_share_paired` are the medians over the rounds of 1 - t(no hashing) /
+  t(arm) within a round.
 
 `--head-slices`: our arms run once per slice count of the LM head's contractions (`model.head_slices`, 3 by
 default; an arm at another count is named e.g. `triton/head2`): a different contract, with its own bits and
@@ -58,7 +63,7 @@ from app.config import ModelConfig, Topology  # noqa: E402
 from app.presets import OPEN_1B  # noqa: E402
 
 PEAK_BF16 = 989.4e12  # H200 SXM dense bf16 tensor-core peak, FLOP/s
-ARMS = ("stock", "ref", "triton", "triton-nohash", "triton-statehash")
+ARMS = ("stock", "ref", "triton", "triton-nohash", "triton-statehash", "triton-paired")
 
 
 def proxy(layers: int, seq_len: int) -> ModelConfig:
@@ -154,7 +159,8 @@ def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, bac
 
     out = _timed(step, batches, warmup)
     if hashing:  # _timed synchronized after every step: the events are done
-        timed = spans[warmup:]
+        timed = spans[warmup:] if stage else [(0.0, a, b) for _, a, b in spans[warmup:]]  # (no stage digests: its
+        # digest_seconds is only the host's wait for the step's tail)
         state_s = [a.elapsed_time(b) * 1e-3 for _, a, b in timed]
         out.update(state_hash_s=statistics.median(state_s), digest_s=statistics.median(d for d, _, _ in timed),
                    state_share_events=statistics.median(s / t for s, t in zip(state_s, out["step_times"])),
@@ -163,6 +169,48 @@ def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, bac
     del st, ctx
     torch.cuda.empty_cache()
     return out
+
+
+def bench_paired(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str) -> dict:
+    """`triton-paired` (module doc): rounds of no hashing, the state hash only, everything, on one state."""
+    from app.state_hash import state_entries, state_hash
+    from app.step import run_step
+
+    ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage=True)
+    quiet = dataclasses.replace(ctx, cfg=ctx.cfg.replace(**{"train.stage_digests": False}))
+    modes = {"nohash": (quiet, False), "statehash": (quiet, True), "full": (ctx, True)}
+    rounds: list[dict[str, float]] = []
+    torch.cuda.reset_peak_memory_stats()
+    for i, ids in enumerate(batches):
+        times = {}
+        for mode, (cx, hashing) in modes.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            r = run_step(st, ids, Topology(), cx)
+            if hashing:
+                state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
+            torch.cuda.synchronize()
+            times[mode] = time.perf_counter() - t0
+        if i >= warmup:
+            rounds.append(times)
+    med = {m: statistics.median(r[m] for r in rounds) for m in modes}
+    out = {"step_s": med["full"], "nohash_s": med["nohash"], "statehash_s": med["statehash"],
+           "state_share_paired": statistics.median(1 - r["nohash"] / r["statehash"] for r in rounds),
+           "hash_share_paired": statistics.median(1 - r["nohash"] / r["full"] for r in rounds),
+           "rounds": rounds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del st, ctx, quiet
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_arm(arm: str, c: ModelConfig, args, batches) -> dict:
+    if arm == "stock":
+        return bench_stock(c, batches, args.warmup, args.accum)
+    backend, _, hashing = arm.partition("-")
+    if hashing == "paired":
+        return bench_paired(c, args.batch, args.accum, batches, args.warmup, backend)
+    return bench_ours(c, args.batch, args.accum, batches, args.warmup, backend, stage=not hashing,
+                      hashing=hashing != "nohash")
 
 
 def main(argv=None) -> int:
@@ -190,10 +238,7 @@ def main(argv=None) -> int:
         name = arm if slices in (None, 3) else f"{arm}/head{slices}"
         t0 = time.time()
         try:
-            backend, _, hashing = arm.partition("-")
-            r = bench_stock(c, batches, args.warmup, args.accum) if arm == "stock" else \
-                bench_ours(dataclasses.replace(c, head_slices=slices), args.batch, args.accum, batches, args.warmup,
-                           backend, stage=not hashing, hashing=hashing != "nohash")
+            r = run_arm(arm, c if slices is None else dataclasses.replace(c, head_slices=slices), args, batches)
         except Exception as e:  # noqa: BLE001 - one failing arm must not hide the others' numbers
             print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
             rows.append({"arm": name, "error": f"{type(e).__name__}: {e}"})
@@ -218,7 +263,9 @@ def main(argv=None) -> int:
             print(f"| {r['arm']} | failed: {r['error'][:80]} | | | | | | |")
             continue
         ratio = f"{base['tok_s'] / r['tok_s']:.2f}x" if base else "-"
-        share = f"{100 * r['hash_share']:.1f}%" if "hash_share" in r else "-"
+        share = f"{100 * r['hash_share']:.1f}%" if "hash_share" in r else \
+            (f"{100 * r['hash_share_paired']:.1f}% (state hash only {100 * r['state_share_paired']:.1f}%), paired"
+             if "hash_share_paired" in r else "-")
         ev = (f"{100 * r['hash_share_events']:.1f}% ({1e3 * r['state_hash_s']:.1f} + {1e3 * r['digest_s']:.1f} ms)"
               if "hash_share_events" in r else "-")
         print(f"| {r['arm']} | {r['step_s']:.3f} | {r['tok_s']:,.0f} | {100 * r['mfu']:.1f}% | {ratio} | "
