@@ -51,7 +51,15 @@ ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
                       ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
                       ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}}),
                       ("causal 128 x 64 x 64, 4 stages",
-                       {(hp, "TILES"): {"causal": {"BM": 128, "BN": 64, "BK": 64, "num_stages": 4}}})]
+                       {(hp, "TILES"): {"causal": {"BM": 128, "BN": 64, "BK": 64, "num_stages": 4}}}),
+                      # K = 128 is one K-step: no stages to pipeline, and at 4 warps two blocks fit an SM
+                      # (194 registers, 48 KiB; production: 234, 216 KiB, one block), so one tile's epilogue
+                      # and stores can overlap another's loads (benchmarks/ptxas_report.py)
+                      ("K-128 GEMMs (logits, dP) 64 x 64, 4 warps, 1 stage",
+                       {(hp, "TILES"): {u: {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 1}
+                                        for u in ("causal", "short")}}),
+                      ("dP's GEMM 64 x 64, 4 warps, 1 stage",
+                       {(hp, "TILES"): {"short": {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 1}}})]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]

@@ -394,9 +394,11 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
 
 SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the epilogue's scratch
 # alternative tiles per use ("head": the LM head's logits and dh, "causal": attention's logits, "dw": the head's
-# dW), {"BM", "BN", "BK", "num_warps", "num_stages"}: what a tile sweep sets (benchmarks/ab_tiles.py); empty in
-# production. Tiles are free choices for the bits.
+# dW, "short": other contractions over at most SHORT_K, one K-step: attention's dP), {"BM", "BN", "BK",
+# "num_warps", "num_stages"}: what a tile sweep sets (benchmarks/ab_tiles.py); empty in production. Tiles are
+# free choices for the bits.
 TILES: dict[str, dict] = {}
+SHORT_K = 128
 
 
 def config(slices: int = 3, use: str | None = None) -> dict:
@@ -424,7 +426,7 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
         return out
-    cfg = config(slices, use or ("causal" if causal is not None else None))
+    cfg = config(slices, use or ("causal" if causal is not None else "short" if kp <= SHORT_K else None))
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     t, window = causal if causal is not None else (1, None)
     kband = 0
