@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.ref import philox  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, softmax as t_soft  # noqa: E402
+from benchmarks.phase_timing import time_phases  # noqa: E402
 
 
 def _hp_parts(name: str, a: torch.Tensor, b: torch.Tensor, band: tuple | None = None,
@@ -97,14 +98,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("attention_phases: needs a CUDA device (the Triton backend's kernels)")
-    from triton.testing import do_bench
     dev = torch.device("cuda")
     out = {"gpu": torch.cuda.get_device_name(), "layers": []}
     for window in (args.window, None):
-        steps, whole = phases(4, 2048, window, dev)
-        rows = [dict(phase=name, ms=do_bench(fn, warmup=2, rep=100, return_mode="median")) for name, fn in steps]
-        total = do_bench(whole, warmup=2, rep=100, return_mode="median")
-        summed = sum(r["ms"] for r in rows)
+        rows, total, summed = time_phases(*phases(4, 2048, window, dev), rep=100)
         label = f"window {window}" if window else "global causal"
         print(f"\n{label}: forward + backward {total:.2f} ms, phases summed {summed:.2f} ms")
         print(f"| phase | ms | share of the sum |\n| --- | --- | --- |")

@@ -28,6 +28,7 @@ from kernels.ref.hadamard import DEFAULT_BLOCK  # noqa: E402
 from kernels.triton import int8_linear as t_lin  # noqa: E402
 from kernels.triton.intmm import gemm  # noqa: E402
 from kernels.triton.rotated_mm import rotate_quantize  # noqa: E402
+from benchmarks.phase_timing import time_phases  # noqa: E402
 
 HBM = 4.3e12    # bytes/s
 INT8 = 1979e12  # ops/s
@@ -100,15 +101,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("linear_phases: needs a CUDA device (the Triton backend's kernels)")
-    from triton.testing import do_bench
     dev = torch.device("cuda")
     out = {"gpu": torch.cuda.get_device_name(), "tokens": args.tokens, "linears": []}
     for name, (k, n) in LINEARS.items():
         steps, whole = phases(args.tokens, k, n, dev)
-        rows = [dict(phase=p, ms=do_bench(fn, warmup=2, rep=50, return_mode="median"), floor_ms=fl)
-                for p, fn, fl in steps]
-        total = do_bench(whole, warmup=2, rep=50, return_mode="median")
-        summed = sum(r["ms"] for r in rows)
+        rows, total, summed = time_phases(steps, whole, rep=50)
+        for r, (_, _, floor) in zip(rows, steps):
+            r["floor_ms"] = floor
         print(f"\n{name} ({args.tokens} x {k} -> {n}): forward + backward {total:.3f} ms, phases summed "
               f"{summed:.3f} ms, floors summed {sum(r['floor_ms'] for r in rows):.3f} ms")
         print("| phase | ms | floor ms | ms / floor |\n| --- | --- | --- | --- |")
