@@ -45,7 +45,13 @@ def _no_band_splits(t, k, window):
     return False
 
 
+def _dp_every_tile(a, b, t, window, row_flags):
+    """The previous dP of a sliding window: every tile computed and written."""
+    return hp.hp_matmul_(a, b, row_flags=row_flags)
+
+
 ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
+                      ("dP over every tile", {(hp, "hp_window_matmul_"): _dp_every_tile}),
                       ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
                       ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits}),
                       ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),

@@ -26,10 +26,11 @@ from kernels.triton import attention as t_att, contraction as hp, softmax as t_s
 from benchmarks.phase_timing import time_phases  # noqa: E402
 
 
-def _hp_parts(name: str, a: torch.Tensor, b: torch.Tensor, band: tuple | None = None,
+def _hp_parts(name: str, a: torch.Tensor, b: torch.Tensor, band: tuple | None = None, seen: tuple | None = None,
               **gemm) -> list[tuple[str, object]]:
     """hp_matmul_(a, b) as its three launches: split a's rows, split b's columns, the GEMM; with band =
-    (kind, T, window, batch_bad), a's split and the GEMM over its band (kernels/triton/attention._product)."""
+    (kind, T, window, batch_bad), a's split and the GEMM over its band (kernels/triton/attention._product);
+    with seen = (T, window), the GEMM of the tiles a window reaches (contraction.hp_window_matmul_, dP)."""
     lead = a.shape[:-2]
     batch = lead.numel()
     m, n = a.shape[-2], b.shape[-1]
@@ -40,10 +41,17 @@ def _hp_parts(name: str, a: torch.Tensor, b: torch.Tensor, band: tuple | None = 
     sb = hp.operand_rows(b, hp.DEFAULT_SLICES, transpose=True)
     if band:
         gemm["band"] = band[:3]
-    return [(f"{name}: split of the left operand {tuple(a.shape)}{' (its band)' if band else ''}", split_a),
-            (f"{name}: split of the right operand {tuple(b.shape)}",
-             lambda: hp.operand_rows(b, hp.DEFAULT_SLICES, transpose=True)),
-            (f"{name}: GEMM [{batch} x {m} x {n}], K {a.shape[-1]}", lambda: hp.hp_gemm(sa, sb, batch, m, n, **gemm))]
+    parts = [(f"{name}: split of the left operand {tuple(a.shape)}{' (its band)' if band else ''}", split_a),
+             (f"{name}: split of the right operand {tuple(b.shape)}",
+              lambda: hp.operand_rows(b, hp.DEFAULT_SLICES, transpose=True))]
+    if seen:
+        def force():
+            return hp._maybe_nonfinite_rows(sa, sb, batch, m, n, a.shape[-1])
+        gemm.update(causal=seen, masked=False, store_unseen=False, force=force())
+        parts.append((f"{name}: rows that may be non-finite (written whole)", force))
+    kind = " (the tiles a window reaches)" if seen else ""
+    return parts + [(f"{name}: GEMM [{batch} x {m} x {n}], K {a.shape[-1]}{kind}",
+                     lambda: hp.hp_gemm(sa, sb, batch, m, n, **gemm))]
 
 
 def phases(b: int, t: int, window: int | None, dev) -> tuple[list[tuple[str, object]], object]:
@@ -62,7 +70,8 @@ def phases(b: int, t: int, window: int | None, dev) -> tuple[list[tuple[str, obj
     logits = t_att._logits(qg, kd, allowed, scale, window, band is None)
     p = t_att._probabilities(logits.clone(), True, window)
     flags = torch.zeros(gog.shape[:-1].numel(), dtype=torch.int32, device=dev)
-    dp = hp.hp_matmul_(gog, vd.transpose(-1, -2), row_flags=flags)
+    dp = hp.hp_window_matmul_(gog, vd.transpose(-1, -2), t, band, flags) if band else \
+        hp.hp_matmul_(gog, vd.transpose(-1, -2), row_flags=flags)
     ds = t_soft.softmax_causal_backward(p, dp, band, flags) if band else t_soft.softmax_backward(p, dp, -1)
     m = qg.shape[2]
     no_bad = torch.zeros(b * hkv, dtype=torch.int32, device=dev)  # finite inputs: no batch is bad
@@ -77,7 +86,8 @@ def phases(b: int, t: int, window: int | None, dev) -> tuple[list[tuple[str, obj
               lambda: t_att.pv_int8(p.reshape(b * hkv, m, t), vd.reshape(b * hkv, t, d).contiguous(), 64, True,
                                     window))]
     steps += _hp_parts("backward dV = P^T dO", p.transpose(-1, -2), gog, keys)
-    steps += _hp_parts("backward dP = dO V^T", gog, vd.transpose(-1, -2), row_flags=flags)
+    steps += _hp_parts("backward dP = dO V^T", gog, vd.transpose(-1, -2), seen=(t, band) if band else None,
+                       row_flags=flags)
     steps.append(("backward: softmax backward (dS)",
                   (lambda: t_soft.softmax_causal_backward(p, dp, band, flags)) if band else
                   (lambda: t_soft.softmax_backward(p, dp, -1))))

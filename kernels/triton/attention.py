@@ -167,12 +167,14 @@ def _probabilities(logits: torch.Tensor, causal: bool, window: int | None,
 def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: int | None, flagged: bool):
     """(dS, flags): dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)). With `flagged`, flags (int32 per row)
     marks dP's rows that hold a non-finite entry (from the contraction), and given a sliding `window` (that
-    causal_band_fits) each row of P and dP is read over its window only, unless flagged; else every row in
-    full, and flags None."""
+    causal_band_fits) each row of P and dP is read over its window only, unless flagged, and dP's tiles that
+    no window reaches are not computed (contraction.hp_window_matmul_); else every row in full, and flags None."""
     if not flagged:
         return t_soft.softmax_backward(p, hp.hp_matmul_(gog, v.transpose(-1, -2)), -1), None
     flags = torch.zeros(gog.shape[:-1].numel(), dtype=torch.int32, device=gog.device)
-    dp = hp.hp_matmul_(gog, v.transpose(-1, -2), row_flags=flags)
+    vt = v.transpose(-1, -2)
+    dp = hp.hp_matmul_(gog, vt, row_flags=flags) if window is None else \
+        hp.hp_window_matmul_(gog, vt, v.shape[-2], window, flags)
     return t_soft.softmax_causal_backward(p, dp, window, flags), flags  # window None: softmax_backward
 
 

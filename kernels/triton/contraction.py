@@ -347,15 +347,17 @@ def _seen(rm, rn, T, window, WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, flags_ptr, M, N, Kp, sa, sb,
-               T, window, HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-               STORE_UNSEEN: tl.constexpr, ROW_FLAGS: tl.constexpr, LONG_K: tl.constexpr, KBAND: tl.constexpr,
-               SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, flags_ptr, force_ptr, M, N, Kp,
+               sa, sb, T, window, HAS_POST: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+               MASKED: tl.constexpr, STORE_UNSEEN: tl.constexpr, ROW_FLAGS: tl.constexpr, FORCE: tl.constexpr,
+               LONG_K: tl.constexpr, KBAND: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, GROUP_M: tl.constexpr):
     """out[b] [M, N] = A[b] . B[b]^T from slices (batch b: rows b M + m of A, b N + n of B^T).
 
-    CAUSAL (attention logits, queries x keys): entries a query does not see are -inf, after the POST factor,
-    as the reference's torch.where; a tile none of whose queries sees any of its keys skips the contraction,
-    and without STORE_UNSEEN also its store (for a consumer that reads seen entries only).
+    CAUSAL (attention's [queries, keys] tiles): a tile none of whose queries sees any of its keys skips the
+    contraction, and without STORE_UNSEEN also its store (for a consumer that reads seen entries only); with
+    MASKED (the logits) entries a query does not see are -inf, after the POST factor, as the reference's
+    torch.where. FORCE: a tile holding a row with force[b M + m] != 0 is computed and stored whole.
     ROW_FLAGS: flags[b M + m] |= 1 where output row m holds a non-finite entry (an atomic OR: any order).
     KBAND (KEY_ROWS or QUERY_ROWS; A from band_split): the K-steps of band_span only, for T and window."""
     batch = tl.program_id(1).to(tl.int64)
@@ -368,6 +370,8 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
     if CAUSAL:
         seen = _seen(rm, rn, T, window, WINDOW)
         any_seen = tl.max(tl.where(seen & store, 1, 0)) > 0
+        if FORCE:
+            any_seen = any_seen | (tl.max(tl.load(force_ptr + a_rows, mask=a_live, other=0)) != 0)
         if not STORE_UNSEEN:
             store = store & any_seen
         if any_seen:
@@ -384,7 +388,7 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
                     LONG_K, SLICES, BM, BN, BK)
     if HAS_POST:
         y = y * tl.load(post_ptr)  # a float32 factor after the rounding, as the caller's eager multiply
-    if CAUSAL:
+    if CAUSAL and MASKED:
         y = tl.where(seen, y, -INF)
     tl.store(out_ptr + (batch * M + rm[:, None]) * N + rn[None, :], y, mask=store)
     if ROW_FLAGS:
@@ -415,13 +419,15 @@ def config(slices: int = 3, use: str | None = None) -> dict:
 def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor | None = None,
             causal: tuple[int, int | None] | None = None, use: str | None = None,
             store_unseen: bool = True, row_flags: torch.Tensor | None = None,
-            band: tuple[int, int, int] | None = None) -> torch.Tensor:
+            band: tuple[int, int, int] | None = None, masked: bool = True,
+            force: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [batch, m, n] from sliced A (batch * m rows) and sliced B^T (batch * n rows), times the float32
-    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys.
-    store_unseen=False leaves the tiles that no query of theirs sees unwritten (softmax.softmax_causal_ reads
-    seen entries only): most of a sliding-window layer's logits. row_flags (int32 [batch * m], zeros): set to
-    non-zero for the rows that hold a non-finite entry. band = (KEY_ROWS or QUERY_ROWS, T, window): A is
-    band_split's, and only the K-steps of its ranges are multiplied."""
+    `post` if given; causal = (T, window or None): attention's mask, rows being queries (m % T) and columns keys,
+    applied as -inf unless masked=False. store_unseen=False leaves the tiles that no query of theirs sees
+    unwritten (softmax.softmax_causal_ reads seen entries only): most of a sliding-window layer's logits; but
+    a tile holding a row with force != 0 (int32 [batch * m]) is written whole. row_flags (int32 [batch * m],
+    zeros): set to non-zero for the rows that hold a non-finite entry in the tiles written. band = (KEY_ROWS or
+    QUERY_ROWS, T, window): A is band_split's, and only the K-steps of its ranges are multiplied."""
     slices, _, kp = a.q.shape
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
@@ -436,11 +442,11 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
             raise ValueError(f"hp_gemm: band {band} needs no causal mask, K <= {KS.value} and tiles dividing "
                              f"{BAND_ALIGN.value}, got K {kp}, tile {cfg['BM']} x {cfg['BK']}")
     _hp_kernel[grid](a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out,
-                     row_flags if row_flags is not None else a.bad, m, n, kp, a.q.stride(0), b.q.stride(0), t,
-                     window or 0, HAS_POST=post is not None, CAUSAL=causal is not None,
-                     WINDOW=causal is not None and window is not None, STORE_UNSEEN=store_unseen,
-                     ROW_FLAGS=row_flags is not None, LONG_K=kp > KS.value, KBAND=kband, SLICES=slices, **cfg,
-                     **BR_OPTIONS)
+                     row_flags if row_flags is not None else a.bad, force if force is not None else a.bad, m, n,
+                     kp, a.q.stride(0), b.q.stride(0), t, window or 0, HAS_POST=post is not None,
+                     CAUSAL=causal is not None, WINDOW=causal is not None and window is not None, MASKED=masked,
+                     STORE_UNSEEN=store_unseen, ROW_FLAGS=row_flags is not None, FORCE=force is not None,
+                     LONG_K=kp > KS.value, KBAND=kband, SLICES=slices, **cfg, **BR_OPTIONS)
     return out
 
 
@@ -494,6 +500,36 @@ def hp_band_matmul_(a: torch.Tensor, b: torch.Tensor, kind: int, t: int, window:
     sa = band_split(a, kind, t, window, batch_bad)
     sb = operand_rows(b, ref.DEFAULT_SLICES, transpose=True)
     return hp_gemm(sa, sb, lead.numel(), m, n, band=(kind, t, window)).reshape(*lead, m, n)
+
+
+def _maybe_nonfinite_rows(sa: Sliced, sb: Sliced, batch: int, m: int, n: int, k: int) -> torch.Tensor:
+    """int32 [batch * m]: 1 where a row of hp(A, B^T) may hold a non-finite entry: A's row is bad, a row of B^T
+    in its batch is, or the row's and the batch's largest exponents allow an overflow. Else every entry is
+    finite: |a_k| < 2^ea and |b_k| < 2^eb, every slice code is at most 64 in size, so the kept slice products
+    give |out| <= 1.02 k 2^(ea + eb) < 2^127 when ea + eb < 127 - ceil(log2 k), short of float32's 2^128."""
+    eb_max = sb.e.view(batch, n).amax(1, keepdim=True)
+    bad_b = sb.bad.view(batch, n).amax(1, keepdim=True) != 0
+    big = sa.e.view(batch, m) + eb_max >= 127 - max(k - 1, 1).bit_length()
+    return ((sa.bad.view(batch, m) != 0) | bad_b | big).reshape(-1).to(torch.int32)
+
+
+def hp_window_matmul_(a: torch.Tensor, b: torch.Tensor, t: int, window: int,
+                      row_flags: torch.Tensor) -> torch.Tensor:
+    """hp_matmul_(a, b, row_flags=) (3 slices) for attention's dP = dO V^T in a sliding-`window` layer (rows:
+    queries at row % t, columns the t keys): only the tiles that hold a seen (query, key) entry are computed
+    and written, and whole rows where an entry may be non-finite (_maybe_nonfinite_rows). Its consumer,
+    softmax.softmax_causal_backward, reads a row over its window unless row_flags marks it, and a marked row
+    holds a non-finite entry, so it may: it was written whole. row_flags are exact, every non-finite entry
+    lying in a written tile."""
+    lead = a.shape[:-2]
+    m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
+    if not _usable(a, b, ref.DEFAULT_SLICES) or lead.numel() > MAX_BATCH or m % t or n != t:
+        return hp_matmul_(a, b, row_flags=row_flags)
+    sa = operand_rows(a, ref.DEFAULT_SLICES, transpose=False)
+    sb = operand_rows(b, ref.DEFAULT_SLICES, transpose=True)
+    force = _maybe_nonfinite_rows(sa, sb, lead.numel(), m, n, k)
+    return hp_gemm(sa, sb, lead.numel(), m, n, causal=(t, window), masked=False, store_unseen=False,
+                   row_flags=row_flags, force=force).reshape(*lead, m, n)
 
 
 def _usable(a, b, slices) -> bool:

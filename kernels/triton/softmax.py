@@ -152,24 +152,26 @@ def _backward_kernel(y_ptr, g_ptr, dx_ptr, n, top, BLOCK: tl.constexpr):
     _backward_row(y_ptr + row * n, g_ptr + row * n, dx_ptr + row * n, n, top, BLOCK)
 
 
-@triton.jit(do_not_specialize=["n", "top"])
-def _causal_backward_kernel(y_ptr, g_ptr, dx_ptr, flags_ptr, n, top, BAND: tl.constexpr, BLOCK: tl.constexpr):
-    """dx of a sliding-window row of _causal_forward_kernel's y, reading y and g over the BAND entries ending at
-    key i only, when g's row is finite (flags[row] == 0; else the whole row, as _backward_kernel).
+@triton.jit(do_not_specialize=["n", "window", "top"])
+def _causal_backward_kernel(y_ptr, g_ptr, dx_ptr, flags_ptr, n, window, top, BAND: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    """dx of a sliding-window row of _causal_forward_kernel's y, reading y and g over the row's window (keys
+    i - window < j <= i, lanes of a BAND ending at key i) only, when g's row is finite (flags[row] == 0; else
+    the whole row, as _backward_kernel). So g may be unwritten outside the windows of its unflagged rows.
 
-    Outside the band y is +0 (or NaN where the whole row of y is NaN, and then the band's p are NaN too): there
-    g y is +-0, which adds nothing to <g, y>'s scale, flags or sum, and dx = 0 (g - d) is a zero, or NaN when d
-    is not finite, which 0 (0 - d) gives as well. The zero's sign may differ (g - d's): dS is read only by the
-    hp splits, which cut +0 and -0 to the same slices, so no bit of dq or dk can show it."""
+    Outside the window y is +0 (or NaN where the whole row of y is NaN, and then the window's p are NaN too):
+    there g y is +-0, which adds nothing to <g, y>'s scale, flags or sum, and dx = 0 (g - d) is a zero, or NaN
+    when d is not finite, which 0 (0 - d) gives as well. The zero's sign may differ (g - d's): dS is read only
+    by the hp splits, which cut +0 and -0 to the same slices, so no bit of dq or dk can show it."""
     row = tl.program_id(0).to(tl.int64)
     y_row, g_row, dx_row = y_ptr + row * n, g_ptr + row * n, dx_ptr + row * n
     if tl.load(flags_ptr + row) != 0:
         _backward_row(y_row, g_row, dx_row, n, top, BLOCK)
     else:
         i = row % n
-        start = tl.maximum(i + 1 - BAND, 0)
-        idx = start + tl.arange(0, BAND)
-        lanes = idx < n
+        first = i + 1 - window  # the window's first key (may be negative)
+        idx = tl.maximum(i + 1 - BAND, 0) + tl.arange(0, BAND)
+        lanes = (idx >= first) & (idx <= i)  # a band that starts at key 0 runs past key i
         y = tl.load(y_row + idx, mask=lanes, other=0.0).to(tl.float64)
         g = tl.load(g_row + idx, mask=lanes, other=0.0).to(tl.float64)
         p = g * y
@@ -180,7 +182,7 @@ def _causal_backward_kernel(y_ptr, g_ptr, dx_ptr, flags_ptr, n, top, BAND: tl.co
         out = tl.broadcast_to((0.0 * (0.0 - d)).to(tl.float32), [BLOCK])
         for s0 in range(0, n, BLOCK):
             j = s0 + tl.arange(0, BLOCK)
-            tl.store(dx_row + j, out, mask=(j < n) & ((j < start) | (j >= start + BAND)))
+            tl.store(dx_row + j, out, mask=(j < n) & ((j < first) | (j > i)))
 
 
 def _rows(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -257,15 +259,20 @@ def softmax_causal_backward(y: torch.Tensor, g: torch.Tensor, window: int | None
                             g_flags: torch.Tensor) -> torch.Tensor:
     """ref.softmax_backward(y, g, -1) for y = softmax_causal_(x, window), up to the sign of dx's zeros outside a
     row's window (see _causal_backward_kernel; hp splits cannot see it). g_flags: int32 per row of g, non-zero
-    where that row holds a non-finite entry (contraction.hp_matmul_(..., row_flags=)); such rows are read in full."""
+    where that row holds a non-finite entry (contraction.hp_matmul_(..., row_flags=)); such rows are read in full,
+    the others over their window only (contraction.hp_window_matmul_ leaves the rest of g unwritten)."""
     t = y.shape[-1]
-    if not (_usable(y) and on_triton(g) and g.dtype == F32 and g.shape == y.shape and y.is_contiguous()
-            and g.is_contiguous() and y.shape[-2] % t == 0 and causal_band_fits(t, window)
-            and g_flags.numel() == y.numel() // t):
+    if not causal_band_fits(t, window):
         return softmax_backward(y, g, -1)
+    if not (_usable(y) and on_triton(g) and g.dtype == F32 and g.shape == y.shape and y.is_contiguous()
+            and g.is_contiguous() and y.shape[-2] % t == 0 and g_flags.numel() == y.numel() // t):
+        # no fallback to a full-row read here: g may be unwritten outside the windows (hp_window_matmul_)
+        raise ValueError(f"softmax_causal_backward: arguments 'y' and 'g' must be contiguous float32 [..., G T, T] "
+                         f"on a Triton device with one flag a row, got y {y.dtype} {tuple(y.shape)}, g {g.dtype} "
+                         f"{tuple(g.shape)} on {g.device}, {g_flags.numel()} flags")
     dx = torch.empty_like(y)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
-    _causal_backward_kernel[(y.numel() // t,)](y, g, dx, g_flags, t, top, BAND=pow2_at_least(window),
+    _causal_backward_kernel[(y.numel() // t,)](y, g, dx, g_flags, t, window, top, BAND=pow2_at_least(window),
                                               BLOCK=_block(t), num_warps=8, **BR_OPTIONS)
     return dx
 

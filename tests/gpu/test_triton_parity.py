@@ -404,7 +404,7 @@ def test_softmax_causal_backward_reads_the_window(heads, t, window):
     """dS of a sliding-window row from its window alone: the reference's bits, but for the sign of the zeros
     outside the window (what the hp splits of dS cannot see); rows whose g holds a non-finite entry (flagged)
     are read in full and match to the bit. y has a NaN row (a NaN logit); g a NaN, a +inf outside the window and
-    a -inf inside."""
+    a -inf inside, and NaN outside the windows of its unflagged rows (what the kernel must not read)."""
     x = normal((heads * t, t), "smb-causal", t, window, std=4.0)
     allowed = r_att.allowed_keys(t, True, window).repeat(heads, 1)
     x[1, 0] = float("nan")
@@ -414,7 +414,9 @@ def test_softmax_causal_backward_reads_the_window(heads, t, window):
     g[t - 1, 0] = float("inf")  # outside row t-1's window: the reference's dS row is NaN
     g[7, 7] = -float("inf")
     flags = (~torch.isfinite(g)).any(-1).to(torch.int32)
-    twin = t_soft.softmax_causal_backward(y.to(CUDA), g.to(CUDA), window, flags.to(CUDA)).cpu()
+    # outside the windows of unflagged rows g may be unwritten (contraction.hp_window_matmul_): NaN there
+    unread = torch.where(allowed | (flags != 0)[:, None], g, torch.full_like(g, float("nan")))
+    twin = t_soft.softmax_causal_backward(y.to(CUDA), unread.to(CUDA), window, flags.to(CUDA)).cpu()
     want = r_soft.softmax_backward(y, g, -1)
     assert mismatches(twin[allowed], want[allowed]) == 0
     assert mismatches(twin + 0.0, want + 0.0) == 0  # -0 + 0 = +0: outside the window only the zeros' sign may differ
@@ -624,6 +626,35 @@ def test_hp_gemm_row_flags():
     want = (~torch.isfinite(out.cpu())).any(-1).reshape(-1)
     assert want.sum() == 2 and bool(want[5]) and bool(want[150 + 7])
     assert torch.equal(flags.cpu() != 0, want)
+
+
+@pytest.mark.parametrize("case", ["finite", "nan-row", "inf-key", "overflow", "large"])
+def test_hp_window_matmul(case):
+    """dP of a sliding window over the tiles a window reaches: the reference's bits on every seen entry, and
+    exact row flags; rows where an entry may be non-finite are written whole. nan-row: a NaN in dO (its row);
+    inf-key: an infinite V entry (every row of that batch); overflow: one product past float32's range;
+    large: exponents that allow an overflow without one (rows written whole, no flag)."""
+    bsz, g, t, d, window = 2, 2, 256, 32, 40
+    a, v = normal((bsz, 1, g * t, d), "hp-win", case), normal((bsz, 1, t, d), "hp-win", case, "v")
+    if case == "nan-row":
+        a[1, 0, 300, 3] = float("nan")
+    if case == "inf-key":
+        v[0, 0, 200, 5] = float("inf")
+    if case in ("overflow", "large"):
+        a[1, 0, 10] *= 2.0 ** 100 if case == "overflow" else 2.0 ** 98  # "large": exponents ~100 + ~22 >= 120
+        v[1, 0, 5] *= 2.0 ** 30 if case == "overflow" else 2.0 ** 20
+    vt = v.transpose(-1, -2)
+    flags = torch.zeros(bsz * g * t, dtype=torch.int32, device=CUDA)
+    out = t_hp.hp_window_matmul_(a.to(CUDA), vt.to(CUDA), t, window, flags).cpu()
+    want = r_hp.hp_matmul_(a, vt)
+    want_flags = (~torch.isfinite(want)).any(-1).reshape(-1)
+    assert torch.equal(flags.cpu() != 0, want_flags)
+    assert bool(want_flags.any()) == (case not in ("finite", "large"))
+    seen = r_att.allowed_keys(t, True, window).repeat(g, 1).expand(bsz, 1, g * t, t)
+    assert mismatches(out[seen], want[seen]) == 0
+    assert mismatches(out[want_flags.view(bsz, 1, g * t)], want[want_flags.view(bsz, 1, g * t)]) == 0
+    if case == "large":  # the row that may overflow was written whole: its bits everywhere
+        assert mismatches(out[1, 0, 10], want[1, 0, 10]) == 0
 
 
 @pytest.mark.parametrize("n,d,v,chunk,z_weight,ignored", [(300, 40, 77, 1024, 1e-4, 0.2), (1300, 33, 50, 2048, 0.0, 0.0),

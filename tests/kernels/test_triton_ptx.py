@@ -83,7 +83,8 @@ KERNELS = {
     "softmax_fwd_causal": (softmax._causal_forward_kernel, {"x_ptr": P32, "y_ptr": P32, "nan_ptr": I32, "n": "i32",
                                                           "window": "i32", "top": "i32"}, dict(BAND=512, BLOCK=2048)),
     "softmax_bwd_causal": (softmax._causal_backward_kernel, {"y_ptr": P32, "g_ptr": P32, "dx_ptr": P32,
-                                                            "flags_ptr": I32, "n": "i32", "top": "i32"},
+                                                            "flags_ptr": I32, "n": "i32", "window": "i32",
+                                                            "top": "i32"},
                            dict(BAND=512, BLOCK=2048)),
     "softmax_bwd": (softmax._backward_kernel, {"y_ptr": P32, "g_ptr": P32, "dx_ptr": P32, "n": "i32", "top": "i32"},
                     dict(BLOCK=2048)),
@@ -105,7 +106,7 @@ HP_OPTS = dict(aligned=("Kp", "sa", "sb"), num_warps=8, num_stages=3)
 DW_SIG = {"ga_ptr": I8, "hb_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "dw_ptr": P64,
           "dw32_ptr": P32, "inv_bits": "i64", "V": "i32", "D": "i32", "NB": "i32", "Kp": "i32", "sa": "i32", "sb": "i32"}
 HP_SIG = {"a_ptr": I8, "b_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "out_ptr": P32,
-          "post_ptr": P32, "flags_ptr": I32, "M": "i32", "N": "i32", "Kp": "i32", "sa": "i32", "sb": "i32", "T": "i32",
+          "post_ptr": P32, "flags_ptr": I32, "force_ptr": I32, "M": "i32", "N": "i32", "Kp": "i32", "sa": "i32", "sb": "i32", "T": "i32",
           "window": "i32"}
 SPLIT_SIG = {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col": "i32", "rows": "i32", "K": "i32",
              "lim": "i32", "Kp": "i32", "SEG": "i32", "NSEG": "i32", "part_ptr": P64, "badp_ptr": I32, "q_ptr": I8,
@@ -161,19 +162,22 @@ KERNELS7 = {
                                                          "SEG": "i32", "part_ptr": P64, "badp_ptr": I32}, W8,
                        dict(R=32, BK=128)),
     "hp_gemm": (contraction._hp_kernel, HP_SIG, HP_OPTS,
-                dict(HAS_POST=True, CAUSAL=False, WINDOW=False, STORE_UNSEEN=True, ROW_FLAGS=False, LONG_K=False,
+                dict(HAS_POST=True, CAUSAL=False, WINDOW=False, MASKED=True, STORE_UNSEEN=True, ROW_FLAGS=False, FORCE=False, LONG_K=False,
                      KBAND=0, SLICES=3, **HP_CFG)),
     "hp_gemm_long_k": (contraction._hp_kernel, HP_SIG, HP_OPTS,
-                       dict(HAS_POST=False, CAUSAL=False, WINDOW=False, STORE_UNSEEN=True, ROW_FLAGS=False,
+                       dict(HAS_POST=False, CAUSAL=False, WINDOW=False, MASKED=True, STORE_UNSEEN=True, ROW_FLAGS=False, FORCE=False,
                             LONG_K=True, KBAND=0, SLICES=3, **HP_CFG)),
     "hp_gemm_causal": (contraction._hp_kernel, HP_SIG, HP_OPTS,
-                       dict(HAS_POST=True, CAUSAL=True, WINDOW=True, STORE_UNSEEN=False, ROW_FLAGS=False,
+                       dict(HAS_POST=True, CAUSAL=True, WINDOW=True, MASKED=True, STORE_UNSEEN=False, ROW_FLAGS=False, FORCE=False,
                             LONG_K=False, KBAND=0, SLICES=3, **HP_CFG)),
     "hp_gemm_row_flags": (contraction._hp_kernel, HP_SIG, HP_OPTS,
-                          dict(HAS_POST=False, CAUSAL=False, WINDOW=False, STORE_UNSEEN=True, ROW_FLAGS=True,
+                          dict(HAS_POST=False, CAUSAL=False, WINDOW=False, MASKED=True, STORE_UNSEEN=True, ROW_FLAGS=True, FORCE=False,
                                LONG_K=False, KBAND=0, SLICES=3, **HP_CFG)),
+    "hp_gemm_window": (contraction._hp_kernel, HP_SIG, HP_OPTS,  # dP of a sliding window: hp_window_matmul_
+                       dict(HAS_POST=False, CAUSAL=True, WINDOW=True, MASKED=False, STORE_UNSEEN=False, ROW_FLAGS=True,
+                            FORCE=True, LONG_K=False, KBAND=0, SLICES=3, **HP_CFG)),
     "hp_gemm_band": (contraction._hp_kernel, HP_SIG, HP_OPTS,
-                     dict(HAS_POST=False, CAUSAL=False, WINDOW=False, STORE_UNSEEN=True, ROW_FLAGS=False,
+                     dict(HAS_POST=False, CAUSAL=False, WINDOW=False, MASKED=True, STORE_UNSEEN=True, ROW_FLAGS=False, FORCE=False,
                           LONG_K=False, KBAND=1, SLICES=3, **HP_CFG)),
     "loss_row": (loss._row_kernel, {"buf_ptr": P32, "targets_ptr": I64, "ce_ptr": P32, "z_ptr": P32, "V": "i32",
                                     "top": "i32", "ignore_index": "i32", "z2": "fp32", "q_ptr": I8, "e_ptr": I64,
@@ -202,8 +206,8 @@ def test_issue7_no_fma_and_no_approximate_ops(compiled7):
 
 def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
     """wgmma s8 x s8 -> s32 (not the older mma.sync path), fed by async copies (a pipelined K loop)."""
-    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "hp_gemm_band", "loss_dw",
-                 "attention_pv"):
+    for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "hp_gemm_band", "hp_gemm_window",
+                 "loss_dw", "attention_pv"):
         text = compiled7[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
         assert "cp.async" in text, name
