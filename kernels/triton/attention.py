@@ -12,7 +12,8 @@ block's int64 fixed-point value, so the block order cannot show. Blocks wholly a
 (or before the window) are skipped: their P is exactly 0 (our exp of -inf), which adds 0.
 Backward: the reference's straight-through contractions, all through the hp_matmul_ and softmax twins; in a
 causal layer whose T is a multiple of contraction.BAND_ALIGN, P^T, dS and dS^T are split and multiplied over
-their bands only: a sliding window's, or a global layer's causal triangle (_product says why that is exact).
+their bands only: a sliding window's, or a global layer's causal triangle (_product says why that is exact);
+a sliding window's dP is computed over the tiles its windows reach (contraction.hp_window_matmul_).
 """
 from __future__ import annotations
 
