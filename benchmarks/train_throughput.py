@@ -89,16 +89,18 @@ def token_batches(c: ModelConfig, batch: int, n: int, seed: int = 0) -> list[tor
             for _ in range(n)]
 
 
+def _seconds(fn, *args) -> float:
+    """Wall seconds of fn(*args) with the GPU idle before and after."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn(*args)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def _timed(fn, batches: list[torch.Tensor], warmup: int) -> dict:
-    times = []
     torch.cuda.reset_peak_memory_stats()
-    for i, b in enumerate(batches):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn(b)
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    times = [_seconds(fn, b) for b in batches][warmup:]
     return {"step_s": statistics.median(times), "step_times": times,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
@@ -179,20 +181,14 @@ def bench_paired(c: ModelConfig, batch: int, accum: int, batches, warmup: int, b
     ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage=True)
     quiet = dataclasses.replace(ctx, cfg=ctx.cfg.replace(**{"train.stage_digests": False}))
     modes = {"nohash": (quiet, False), "statehash": (quiet, True), "full": (ctx, True)}
-    rounds: list[dict[str, float]] = []
+
+    def step(ids, cx, hashing):
+        r = run_step(st, ids, Topology(), cx)
+        if hashing:
+            state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
+
     torch.cuda.reset_peak_memory_stats()
-    for i, ids in enumerate(batches):
-        times = {}
-        for mode, (cx, hashing) in modes.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            r = run_step(st, ids, Topology(), cx)
-            if hashing:
-                state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
-            torch.cuda.synchronize()
-            times[mode] = time.perf_counter() - t0
-        if i >= warmup:
-            rounds.append(times)
+    rounds = [{mode: _seconds(step, ids, *how) for mode, how in modes.items()} for ids in batches][warmup:]
     med = {m: statistics.median(r[m] for r in rounds) for m in modes}
     out = {"step_s": med["full"], "nohash_s": med["nohash"], "statehash_s": med["statehash"],
            "state_share_paired": statistics.median(1 - r["nohash"] / r["statehash"] for r in rounds),
