@@ -1,12 +1,15 @@
 """Tile sweep of the loss's row kernel (block, warps), the head's GEMMs (logits and dh, dW), the causal hp
-contraction and the hp split. Each variant runs against production's in one run, bits compared (loss, ce,
-z, dh, dW; attention's output, dq, dk, dv; the slices, exponents and flags) and times as ratios.
+contraction, the hp split and the int8 linear's rotate-quantize passes. Each variant runs against production's
+in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk, dv; the slices, exponents and flags;
+the codes, steps and flags) and times as ratios.
 
-    python benchmarks/ab_tiles.py [--ops loss attention attention-window split] [--out benchmarks/results/ab_tiles.json]
+    python benchmarks/ab_tiles.py [--ops loss attention attention-window split rotate-rows rotate-columns
+                                   rotate-rebuilt] [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
 
-Shapes: the open-1b proxy's head (8,192 tokens, d 2048, vocab 128,256) and one attention layer (4 windows of
-2,048, 16 query / 4 kv heads of 128, causal; and with a window of 512 keys, as the model's local layers).
+Shapes: the open-1b proxy's head (8,192 tokens, d 2048, vocab 128,256), one attention layer (4 windows of
+2,048, 16 query / 4 kv heads of 128, causal; and with a window of 512 keys, as the model's local layers) and
+the widest int8 linear's backward (w_gate_up, 2048 -> 11264, 8,192 tokens).
 Times: median of triton.testing.do_bench (CUDA events).
 """
 from __future__ import annotations
@@ -23,7 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.digest import bits_equal  # noqa: E402
 from kernels.ref import philox  # noqa: E402
+from kernels.ref import hadamard as ref_had  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, loss as t_loss, softmax as t_soft  # noqa: E402
+from kernels.triton import int8_linear as t_lin, rotated_mm as t_rot  # noqa: E402
 
 # (name, {(module, attribute): value}): what a variant sets on the modules for its run; each list's first
 # entry is production (nothing set). All are free choices for the bits.
@@ -50,22 +55,21 @@ def _dp_every_tile(a, b, t, window, row_flags):
     return hp.hp_matmul_(a, b, row_flags=row_flags)
 
 
-ATTENTION_VARIANTS = [("production (causal 128 x 64)", {}),
+_K128 = ("causal", "short")  # attention's logits and dP: one K-step each
+ATTENTION_VARIANTS = [("production (K-128 GEMMs 64 x 64, 4 warps, 1 stage)", {}),
+                      ("K-128 GEMMs 128 x 64, 8 warps, 3 stages (the previous tile)",
+                       {(hp, "TILES"): {u: {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 3} for u in _K128}}),
+                      ("K-128 GEMMs 64 x 32, 4 warps, 1 stage",
+                       {(hp, "TILES"): {u: {"BN": 32} for u in _K128}}),
+                      ("K-128 GEMMs 64 x 64, 8 warps, 1 stage",
+                       {(hp, "TILES"): {u: {"num_warps": 8} for u in _K128}}),
                       ("dP over every tile", {(hp, "hp_window_matmul_"): _dp_every_tile}),
                       ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
-                      ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits}),
-                      ("causal 128 x 32", {(hp, "TILES"): {"causal": {"BM": 128, "BN": 32}}}),
-                      ("causal 64 x 64", {(hp, "TILES"): {"causal": {"BM": 64, "BN": 64}}}),
-                      ("causal 128 x 64 x 64, 4 stages",
-                       {(hp, "TILES"): {"causal": {"BM": 128, "BN": 64, "BK": 64, "num_stages": 4}}}),
-                      # K = 128 is one K-step: no stages to pipeline, and at 4 warps two blocks fit an SM
-                      # (194 registers, 48 KiB; production: 234, 216 KiB, one block), so one tile's epilogue
-                      # and stores can overlap another's loads (benchmarks/ptxas_report.py)
-                      ("K-128 GEMMs (logits, dP) 64 x 64, 4 warps, 1 stage",
-                       {(hp, "TILES"): {u: {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 1}
-                                        for u in ("causal", "short")}}),
-                      ("dP's GEMM 64 x 64, 4 warps, 1 stage",
-                       {(hp, "TILES"): {"short": {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 1}}})]
+                      ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits})]
+# measured and removed (docs/perf.md): each block rotated twice, in registers or through a program's own
+# scratch, instead of once through a row-long one; x_hat and w_hat from the forward's int8 codes
+ROTATE_VARIANTS = [("production (rotated once, through a row-long scratch; 4096 elements a program)", {})] + [
+    (f"{tile} elements a program", {(t_rot, "TILE"): tile}) for tile in (2048, 8192)]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]
@@ -107,6 +111,27 @@ def _cases(n: int, d: int, v: int, b: int, t: int, dev):
             "split": ("hp.split (W rows, logits token blocks)", split_both, SPLIT_VARIANTS)}
 
 
+def _rotate_cases(m: int, k: int, n: int, dev) -> dict:
+    """The int8 linear backward's four rotate-quantize passes at its widest shape (x [m, k] -> [m, n]): G's rows
+    over N (dx), G's columns over M (dw), and the rebuilt x_hat's and w_hat's columns (from s_x, s_w)."""
+    x = philox.normal(11, 0, (m, k), device=dev)
+    w = philox.normal(12, 0, (n, k), std=0.02, device=dev)
+    g = philox.normal(13, 0, (m, n), device=dev)
+    s_x = torch.tensor(0.05, device=dev)
+    s_w = t_lin._weight(w, s_x, quant=False)[0]
+    hn, hm = ref_had.block_size(n), ref_had.block_size(m)
+
+    def run(*calls):
+        return [t for args, kw in calls for t in t_rot.rotate_quantize(*args, **kw)]
+    pre_cols = [((x, k, m, 1, k), dict(block=hm, pre=s_x)), ((w, k, n, 1, k), dict(block=hn, pre=s_w))]
+    g_rows = ((g, m, n, n, 1), dict(block=hn))
+    g_cols = ((g, n, m, 1, n), dict(block=hm))
+    return {"rotate-rows": ("rotate-quantize G's rows (dx)", lambda: run(g_rows), ROTATE_VARIANTS),
+            "rotate-columns": ("rotate-quantize G's columns (dw)", lambda: run(g_cols), ROTATE_VARIANTS),
+            "rotate-rebuilt": ("rotate-quantize x_hat's, w_hat's columns", lambda: run(*pre_cols),
+                               ROTATE_VARIANTS)}
+
+
 def _with(sets: dict, fn):
     """fn() with the variant's module attributes set, restored afterwards."""
     saved = {key: getattr(*key) for key in sets}
@@ -123,14 +148,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (TRITON_INTERPRET=1 on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ab_tiles.json"))
-    ap.add_argument("--ops", nargs="+", choices=("loss", "attention", "attention-window", "split"),
-                    default=("loss", "attention", "attention-window", "split"),
-                    help="which sweeps to run")
+    ops = ("loss", "attention", "attention-window", "split", "rotate-rows", "rotate-columns", "rotate-rebuilt")
+    ap.add_argument("--ops", nargs="+", choices=ops, default=ops, help="which sweeps to run")
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = (300, 40, 77, 1, 40) if args.smoke else (8192, 2048, 128256, 4, 2048)
     rows = []
-    for key, (op, fn, variants) in _cases(*shapes, dev).items():
+    cases = {**_cases(*shapes, dev), **_rotate_cases(*((300, 40, 77) if args.smoke else (8192, 2048, 11264)), dev)}
+    for key, (op, fn, variants) in cases.items():
         if key not in args.ops:
             continue
         want = [x.detach().clone() for x in fn()]

@@ -21,9 +21,10 @@ sys.path.insert(0, str(ROOT))
 # label -> (PTX-table entry, [(BM or R, BN or BK, warps, stages)]); each kernel's first tile is production's
 TILES = {
     "hp (head logits, dh)": ("hp_gemm", [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3)]),
-    # one K-step (attention's dP, K = 128): no stages to pipeline; 64 x 64 at 4 warps fits two blocks an SM
-    "hp, K <= 128 (dP)": ("hp_gemm", [(128, 64, 8, 3), (128, 64, 8, 1), (64, 64, 4, 1), (64, 64, 4, 2)]),
-    "hp causal (attention)": ("hp_gemm_causal", [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3), (64, 64, 4, 1)]),
+    # one K-step (attention's dP and logits, K = 128): no stages to pipeline; 64 x 64 at 4 warps fits two blocks
+    # an SM (contraction.PRODUCTION_TILES)
+    "hp, K <= 128 (dP)": ("hp_gemm", [(64, 64, 4, 1), (128, 64, 8, 3), (128, 64, 8, 1), (64, 32, 4, 1)]),
+    "hp causal (attention)": ("hp_gemm_causal", [(64, 64, 4, 1), (128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 1)]),
     "head dW": ("loss_dw", [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3), (64, 32, 4, 3)]),
     "hp split (R x BK, warps)": ("hp_split", [(32, 64, 8, 1), (32, 128, 8, 1), (16, 64, 8, 1), (32, 64, 4, 1),
                                               (64, 64, 8, 1), (32, 32, 8, 1)]),

@@ -397,11 +397,16 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
 
 
 SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the epilogue's scratch
-# alternative tiles per use ("head": the LM head's logits and dh, "causal": attention's logits, "dw": the head's
-# dW, "short": other contractions over at most SHORT_K, one K-step: attention's dP), {"BM", "BN", "BK",
-# "num_warps", "num_stages"}: what a tile sweep sets (benchmarks/ab_tiles.py); empty in production. Tiles are
-# free choices for the bits.
-TILES: dict[str, dict] = {}
+# tiles per use ("head": the LM head's logits and dh, "causal": attention's logits, "dw": the head's dW,
+# "short": other contractions over at most SHORT_K, one K-step: attention's dP), {"BM", "BN", "BK", "num_warps",
+# "num_stages"}, over the default 128 x 64 x 128 at 8 warps. Tiles are free choices for the bits.
+# Attention's two K = 128 contractions are one K-step, with nothing to pipeline: at 64 x 64, 4 warps and one
+# stage two blocks fit an SM (194 registers, 48 KiB against 234 and 216 KiB), so one tile's epilogue and
+# [T, T] store overlap another's loads: 1.04x a global layer's attention, 1.07x a windowed one's on the H200
+# (benchmarks/ab_tiles.py, docs/perf.md).
+PRODUCTION_TILES: dict[str, dict] = {use: {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 1}
+                                     for use in ("causal", "short")}
+TILES: dict[str, dict] = {}  # what a tile sweep sets over production's (benchmarks/ab_tiles.py); empty in production
 SHORT_K = 128
 
 
@@ -410,7 +415,8 @@ def config(slices: int = 3, use: str | None = None) -> dict:
     Pipeline stages as many as the int8 A and B slice tiles fit in shared memory (4 slices: 2 stages)."""
     if INTERPRET:
         return dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=1)
-    tile = {"BM": 128, "BN": 64, "BK": 128, "num_warps": 8, **TILES.get(use, {})}
+    tile = {"BM": 128, "BN": 64, "BK": 128, "num_warps": 8, **PRODUCTION_TILES.get(use, {}),
+            **TILES.get(use, {})}
     bm, bn, bk = tile["BM"], tile["BN"], tile["BK"]
     stages = tile.get("num_stages") or max(1, min(3, SMEM_BYTES // (slices * (bm + bn) * bk)))
     return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=tile["num_warps"], num_stages=stages)

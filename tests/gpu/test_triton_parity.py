@@ -560,6 +560,19 @@ def test_int8_linear_nonfinite_and_zero_rows():
     assert mismatches(t_lin.weight_step(w.to(CUDA)), r_lin.weight_step(w)) == 0
 
 
+@pytest.mark.parametrize("rotate", [True, False])
+def test_int8_linear_backward_alone(rotate):
+    """int8_linear_backward called alone, as kernels/accuracy.py does, with a NaN in x, an inf in w and some
+    |x / s_x| beyond 127: the reference's dx, dw and ds_x bits."""
+    x, w, g = normal((37, 300), "lin-bw"), normal((45, 300), "lin-bw", "w", std=0.02), normal((37, 45), "lin-bw", "g")
+    x[1, 2], w[3, 7] = float("nan"), float("inf")
+    x.view(-1)[:: 13] *= 8.0
+    s_x = torch.tensor(0.03)
+    want = r_lin.int8_linear_backward(g, x, w, s_x, rotate=rotate)
+    got = t_lin.int8_linear_backward(g.to(CUDA), x.to(CUDA), w.to(CUDA), s_x.to(CUDA), rotate=rotate)
+    assert [mismatches(a, b) for a, b in zip(got, want)] == [0, 0, 0]
+
+
 # --- embedding: gather forward, exact int64 scatter-add backward ---
 
 @pytest.mark.parametrize("shape,v,d,dtype,ids_dtype", [((3, 7), 11, 33, torch.float32, torch.int64),
