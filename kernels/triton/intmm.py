@@ -90,13 +90,17 @@ def _gemm_kernel(a_ptr, b_ptr, out_ptr, M, N, K, s_ab, s_am, s_ak, s_bb, s_bn, s
         tl.store(o_ptrs, acc, mask=out_m)
 
 
+# Tile shape and pipeline depth: free choices, since integer results do not depend on them
+# (benchmarks/ab_tiles.py --ops int8-gemm times the alternatives at the linears' shapes).
+TILE = dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=4, num_stages=5)  # 1.15x 128 x 128 x 128, 8 warps, 4 stages
+SMALL_M_TILE = dict(BM=64, BN=128, BK=128, GROUP_M=8, num_warps=4, num_stages=4)  # at most 64 rows
+INTERPRET_TILE = dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=1)
+
+
 def _config(m: int, n: int) -> dict:
-    """Tile shape and pipeline depth (free choices: integer results do not depend on them)."""
     if INTERPRET:
-        return dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=1)
-    if m <= 64:
-        return dict(BM=64, BN=128, BK=128, GROUP_M=8, num_warps=4, num_stages=4)
-    return dict(BM=128, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=4)
+        return INTERPRET_TILE
+    return SMALL_M_TILE if m <= 64 else TILE
 
 
 def k_major(b: torch.Tensor) -> torch.Tensor:
