@@ -68,15 +68,20 @@ ATTENTION_VARIANTS = [("production (K-128 GEMMs 64 x 64, 4 warps, 1 stage)", {})
                       ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
                       ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits})]
 # measured and removed (docs/perf.md): each block rotated twice, in registers or through a program's own
-# scratch, instead of once through a row-long one; x_hat and w_hat from the forward's int8 codes
+# scratch, instead of once through a row-long one; x_hat and w_hat from the forward's int8 codes;
+# for rows contiguous in memory, one row a thread with coalesced loads and the low-to-high stage change
+# through a per-program L2 slot (1.1-3.2x slower)
 ROTATE_VARIANTS = [("production (rotated once, through a row-long scratch; 4096 elements a program)", {})] + [
     (f"{tile} elements a program", {(t_rot, "TILE"): tile}) for tile in (2048, 8192)]
 # the int8 GEMM's tile (BM x BN x BK, warps, stages); integer products: any tile gives the same bits
-GEMM_VARIANTS = [("production (128 x 128 x 128, 8 warps, 4 stages)", {})] + [
+GEMM_VARIANTS = [("production (128 x 128 x 64, 4 warps, 5 stages)", {})] + [
     (f"{bm} x {bn} x {bk}, {w} warps, {st} stages",
-     {(t_mm, "TILE"): dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=st)})
-    for bm, bn, bk, w, st in ((128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 256, 64, 8, 4),
-                              (128, 128, 128, 8, 3), (128, 128, 64, 4, 5), (128, 256, 128, 8, 4))]
+     {(t_mm, name): dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=st) for name in ("TILE", "MASK_TILE")})
+    for bm, bn, bk, w, st in ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
+                              (128, 256, 128, 8, 4))] + [
+    (f"gated (dw) GEMMs only at {bm} x {bn} x {bk}, {w} warps, {st} stages",
+     {(t_mm, "MASK_TILE"): dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=st)})
+    for bm, bn, bk, w, st in ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3))]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]
@@ -144,7 +149,8 @@ LAYER_LINEARS = {"wqkv": (2048, 3072), "wo": (2048, 2048), "w_gate_up": (2048, 1
 
 def _gemm_cases(m: int, linears: dict, dev) -> dict:
     """The int8 GEMMs of one layer's linears x [m, k] -> [m, n]: forward (contract k), dx (contract n) and dw
-    (contract m), each on random codes with its production epilogue (steps, 1/b, non-finite flags)."""
+    (contract m), each on random codes with its production epilogue (steps, 1/b, non-finite flags, and dw's
+    straight-through gate)."""
     def codes(seed, rows, c):
         return ((philox.random_bits(seed, 0, rows * c, device=dev) % 255).to(torch.int32) - 127).to(
             torch.int8).reshape(rows, c)
@@ -159,6 +165,9 @@ def _gemm_cases(m: int, linears: dict, dev) -> dict:
             kw = dict(out_dtype=torch.float32, row_scale=steps(seed, rows), col_scale=steps(seed + 1000, cols),
                       inv=inv, bad_rows=torch.zeros(rows, dtype=torch.int32, device=dev),
                       bad_cols=torch.zeros(cols, dtype=torch.int32, device=dev))
+            if j == 2:  # dw: the straight-through gate |w / s_w| <= 127 in the epilogue, as int8_linear runs it
+                kw.update(mask_src=philox.normal(seed, 2, (rows, cols), std=0.02, device=dev),
+                          mask_scale=steps(seed, rows) * 1e-3)
             calls.append((a, b, kw))
     return {"int8-gemm": ("int8 GEMMs of one layer's linears", lambda: [t_mm.gemm(a, b, **kw) for a, b, kw in calls],
                           GEMM_VARIANTS)}

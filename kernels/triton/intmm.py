@@ -93,14 +93,15 @@ def _gemm_kernel(a_ptr, b_ptr, out_ptr, M, N, K, s_ab, s_am, s_ak, s_bb, s_bn, s
 # Tile shape and pipeline depth: free choices, since integer results do not depend on them
 # (benchmarks/ab_tiles.py --ops int8-gemm times the alternatives at the linears' shapes).
 TILE = dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=4, num_stages=5)  # 1.15x 128 x 128 x 128, 8 warps, 4 stages
+MASK_TILE = TILE  # with the straight-through gate's epilogue (it reads and divides a float32 per output)
 SMALL_M_TILE = dict(BM=64, BN=128, BK=128, GROUP_M=8, num_warps=4, num_stages=4)  # at most 64 rows
 INTERPRET_TILE = dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=1)
 
 
-def _config(m: int, n: int) -> dict:
+def _config(m: int, n: int, masked: bool) -> dict:
     if INTERPRET:
         return INTERPRET_TILE
-    return SMALL_M_TILE if m <= 64 else TILE
+    return SMALL_M_TILE if m <= 64 else MASK_TILE if masked else TILE
 
 
 def k_major(b: torch.Tensor) -> torch.Tensor:
@@ -129,7 +130,7 @@ def gemm(a: torch.Tensor, bt: torch.Tensor, *, out_dtype=torch.int32, row_scale=
     floating = out_dtype != torch.int32
     dummy = out  # stands in for absent optional pointers (never read: their flags are off)
     ms = mask_scale
-    cfg = dict(config or _config(m, n))
+    cfg = dict(config or _config(m, n, mask_src is not None))
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), nb)
     _gemm_kernel[grid](
         a3, b3, out, m, n, k, a3.stride(0), a3.stride(1), a3.stride(2), b3.stride(0), b3.stride(1), b3.stride(2),
