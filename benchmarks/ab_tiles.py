@@ -4,13 +4,14 @@ in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk, dv; 
 the codes, steps and flags) and times as ratios.
 
     python benchmarks/ab_tiles.py [--ops loss attention attention-window split rotate-rows rotate-columns
-                                   rotate-rebuilt int8-gemm] [--out benchmarks/results/ab_tiles.json]
+                                   rotate-rebuilt int8-gemm pv] [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
 
 Shapes: the open-1b proxy's head (8,192 tokens, d 2048, vocab 128,256), one attention layer (4 windows of
 2,048, 16 query / 4 kv heads of 128, causal; and with a window of 512 keys, as the model's local layers) and
 the widest int8 linear's backward (w_gate_up, 2048 -> 11264, 8,192 tokens); the int8 GEMMs of one open-1b layer
-(its four linears' forward, dx and dw products at 8,192 tokens, with their dequantizing epilogues).
+(its four linears' forward, dx and dw products at 8,192 tokens, with their dequantizing epilogues); attention's
+int8 P.V at one layer's shape (4 windows x 4 kv heads, 4 query heads each, T 2,048, D 128).
 Times: median of triton.testing.do_bench (CUDA events).
 """
 from __future__ import annotations
@@ -82,6 +83,10 @@ GEMM_VARIANTS = [("production (128 x 128 x 64, 4 warps, 5 stages)", {})] + [
     (f"gated (dw) GEMMs only at {bm} x {bn} x {bk}, {w} warps, {st} stages",
      {(t_mm, "MASK_TILE"): dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=st)})
     for bm, bn, bk, w, st in ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3))]
+# P.V's tile: rows, V columns and warps per program (exact int64 sums: any tile gives the same bits)
+PV_VARIANTS = [("production (64 rows x 64 columns, 8 warps)", {})] + [
+    (f"{bm} rows x {bd} columns, {w} warps", {(t_att, "PV_BM"): bm, (t_att, "PV_BD"): bd, (t_att, "PV_WARPS"): w})
+    for bm, bd, w in ((16, 128, 8), (32, 128, 16), (32, 128, 8), (32, 128, 4), (32, 64, 8), (16, 64, 4))]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]
@@ -144,6 +149,16 @@ def _rotate_cases(m: int, k: int, n: int, dev) -> dict:
                                ROTATE_VARIANTS)}
 
 
+def _pv_cases(bh: int, g: int, t: int, d: int, dev) -> dict:
+    """attention's P.V (pv_int8) at one layer's shape: P [B Hkv, G T, T] probabilities-like (uniform in [0, 1)),
+    V [B Hkv, T, D], causal, with a window of t / 4 keys (the model's local layers) and without (its global ones)."""
+    p = philox.uniform(21, 0, (bh, g * t, t), device=dev)
+    v = philox.normal(22, 0, (bh, t, d), device=dev)
+    return {"pv": ("P.V, causal, window T/4 and global", lambda: [t_att.pv_int8(p, v, 64, True, t // 4),
+                                                                  t_att.pv_int8(p, v, 64, True, None)],
+                   PV_VARIANTS)}
+
+
 LAYER_LINEARS = {"wqkv": (2048, 3072), "wo": (2048, 2048), "w_gate_up": (2048, 11264), "w_down": (5632, 2048)}
 
 
@@ -190,14 +205,15 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (TRITON_INTERPRET=1 on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ab_tiles.json"))
     ops = ("loss", "attention", "attention-window", "split", "rotate-rows", "rotate-columns", "rotate-rebuilt",
-           "int8-gemm")
+           "int8-gemm", "pv")
     ap.add_argument("--ops", nargs="+", choices=ops, default=ops, help="which sweeps to run")
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = (300, 40, 77, 1, 40) if args.smoke else (8192, 2048, 128256, 4, 2048)
     rows = []
     cases = {**_cases(*shapes, dev), **_rotate_cases(*((300, 40, 77) if args.smoke else (8192, 2048, 11264)), dev),
-             **_gemm_cases(*((300, {"l": (40, 77)}) if args.smoke else (8192, LAYER_LINEARS)), dev)}
+             **_gemm_cases(*((300, {"l": (40, 77)}) if args.smoke else (8192, LAYER_LINEARS)), dev),
+             **_pv_cases(*((2, 2, 200, 40) if args.smoke else (16, 4, 2048, 128)), dev)}
     for key, (op, fn, variants) in cases.items():
         if key not in args.ops:
             continue

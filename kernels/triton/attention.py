@@ -34,6 +34,10 @@ from kernels.triton.rotated_mm import code8
 F32 = torch.float32
 MAX_KEYS = 256   # P.V blocks up to this many keys run here (larger pv_block: the reference)
 V_T = 32         # keys per step of the V pass
+# P.V's tile: rows and V columns per program, warps (free choices: the blocks' products are summed exactly)
+PV_BM = 64
+PV_BD = 64       # at most: the int64 [PV_BM, PV_BD] accumulator stays in registers
+PV_WARPS = 8
 
 
 @triton.jit(do_not_specialize=["T", "D", "NB", "top"])
@@ -122,7 +126,7 @@ def pv_int8(p: torch.Tensor, v: torch.Tensor, block: int, causal: bool = False,
     dev = p.device
     nb = cdiv(t, block)
     blkp = max(32, pow2_at_least(block))  # the int8 MMA's K: zero-padded, exact
-    bd = min(max(16, pow2_at_least(d)), 64)  # 64 columns per program: the int64 tile stays in registers
+    bd = min(max(16, pow2_at_least(d)), PV_BD)
     qv = torch.empty((bsz, nb, d, blkp), dtype=torch.int8, device=dev)
     sv = torch.empty((bsz, nb, d), dtype=F32, device=dev)
     s = torch.empty((bsz, d), dtype=torch.int64, device=dev)
@@ -131,9 +135,9 @@ def pv_int8(p: torch.Tensor, v: torch.Tensor, block: int, causal: bool = False,
     _v_kernel[(bsz, cdiv(d, bd))](v, qv, sv, s, vbad, t, d, nb, top, BLK=block, BLKP=blkp, BD=bd, TT=V_T,
                                    num_warps=4, **BR_OPTIONS)
     out = torch.empty((bsz, m, d), dtype=F32, device=dev)
-    bm = 32 if INTERPRET else 64
+    bm = 32 if INTERPRET else PV_BM
     _pv_kernel[(cdiv(m, bm), bsz, cdiv(d, bd))](p, qv, sv, s, vbad, out, m, t, d, nb, window or 0, CAUSAL=causal,
-                                   WINDOW=window is not None, BLK=block, BLKP=blkp, BM=bm, BD=bd, num_warps=8,
+                                   WINDOW=window is not None, BLK=block, BLKP=blkp, BM=bm, BD=bd, num_warps=PV_WARPS,
                                    **BR_OPTIONS)
     return out
 
