@@ -75,18 +75,18 @@ ATTENTION_VARIANTS = [("production (K-128 GEMMs 64 x 64, 4 warps, 1 stage)", {})
 ROTATE_VARIANTS = [("production (rotated once, through a row-long scratch; 4096 elements a program)", {})] + [
     (f"{tile} elements a program", {(t_rot, "TILE"): tile}) for tile in (2048, 8192)]
 # the int8 GEMM's tile (BM x BN x BK, warps, stages); integer products: any tile gives the same bits
-GEMM_VARIANTS = [("production (128 x 128 x 64, 4 warps, 5 stages)", {})] + [
+GEMM_VARIANTS = [("production (128 x 128 x 64, 4 warps, 5 stages; gated 128 x 128 x 128, 8 warps, 4 stages)", {})] + [
     (f"{bm} x {bn} x {bk}, {w} warps, {st} stages",
      {(t_mm, name): dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=st) for name in ("TILE", "MASK_TILE")})
     for bm, bn, bk, w, st in ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
                               (128, 256, 128, 8, 4))] + [
     (f"gated (dw) GEMMs only at {bm} x {bn} x {bk}, {w} warps, {st} stages",
      {(t_mm, "MASK_TILE"): dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=st)})
-    for bm, bn, bk, w, st in ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3))]
+    for bm, bn, bk, w, st in ((128, 128, 64, 4, 5), (128, 256, 128, 8, 3))]
 # P.V's tile: rows, V columns and warps per program (exact int64 sums: any tile gives the same bits)
-PV_VARIANTS = [("production (64 rows x 64 columns, 8 warps)", {})] + [
+PV_VARIANTS = [("production (16 rows x 128 columns, 8 warps)", {})] + [
     (f"{bm} rows x {bd} columns, {w} warps", {(t_att, "PV_BM"): bm, (t_att, "PV_BD"): bd, (t_att, "PV_WARPS"): w})
-    for bm, bd, w in ((16, 128, 8), (32, 128, 16), (32, 128, 8), (32, 128, 4), (32, 64, 8), (16, 64, 4))]
+    for bm, bd, w in ((64, 64, 8), (32, 128, 16), (32, 128, 8), (32, 128, 4), (32, 64, 8), (16, 64, 4))]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]

@@ -34,9 +34,11 @@ from kernels.triton.rotated_mm import code8
 F32 = torch.float32
 MAX_KEYS = 256   # P.V blocks up to this many keys run here (larger pv_block: the reference)
 V_T = 32         # keys per step of the V pass
-# P.V's tile: rows and V columns per program, warps (free choices: the blocks' products are summed exactly)
-PV_BM = 64
-PV_BD = 64       # at most: the int64 [PV_BM, PV_BD] accumulator stays in registers
+# P.V's tile: rows and V columns per program, warps (free choices: the blocks' products are summed exactly).
+# 16 x 128 at 8 warps: 1.37x 64 x 64 (docs/perf.md): each P block is quantized once for all of D, and at 128
+# registers two programs share an SM
+PV_BM = 16
+PV_BD = 128      # at most: the int64 [PV_BM, PV_BD] accumulator stays in registers
 PV_WARPS = 8
 
 

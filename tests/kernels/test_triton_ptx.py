@@ -192,7 +192,7 @@ KERNELS7 = {
     "attention_pv": (attention._pv_kernel, {"p_ptr": P32, "qv_ptr": I8, "sv_ptr": P32, "s_ptr": I64,
                                             "vbad_ptr": I32, "out_ptr": P32, "M": "i32", "T": "i32", "D": "i32",
                                             "NB": "i32", "window": "i32"}, W8,
-                     dict(CAUSAL=True, WINDOW=True, BLK=64, BLKP=64, BM=64, BD=64)),
+                     dict(CAUSAL=True, WINDOW=True, BLK=64, BLKP=64, BM=attention.PV_BM, BD=attention.PV_BD)),
 }
 
 
@@ -209,10 +209,17 @@ def test_issue7_no_fma_and_no_approximate_ops(compiled7):
 def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
     """wgmma s8 x s8 -> s32 (not the older mma.sync path), fed by async copies (a pipelined K loop)."""
     for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "hp_gemm_band", "hp_gemm_window",
-                 "loss_dw", "attention_pv"):
+                 "loss_dw"):
         text = compiled7[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
         assert "cp.async" in text, name
+
+
+def test_issue7_pv_runs_on_int8_tensor_cores(compiled7):
+    """P.V's tile of 16 rows is below wgmma's 64: its per-block products run as int8 mma.sync (m16n8k32). A block's
+    product is at most 127 * 127 * MAX_KEYS (256) in magnitude, so the int32 saturation that form carries never acts."""
+    assert re.search(r"mma\.sync\.aligned\.m16n8k32\.row\.col(\.satfinite)?\.s32\.s8\.s8\.s32",
+                     compiled7["attention_pv"])
 
 
 def test_issue7_the_head_contraction_fits_its_registers():
