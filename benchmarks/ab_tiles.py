@@ -1,7 +1,8 @@
 """Tile sweep of the loss's row kernel (block, warps), the head's GEMMs (logits and dh, dW), the causal hp
-contraction, the hp split, the int8 linear's rotate-quantize passes and its int8 GEMMs. Each variant runs against production's
-in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk, dv; the slices, exponents and flags;
-the codes, steps and flags) and times as ratios.
+contraction, the hp split, the int8 linear's rotate-quantize passes, its int8 GEMMs and attention's P.V. Each
+variant runs against production's in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk,
+dv; the slices, exponents and flags; the codes, steps and flags; the GEMMs' and P.V's outputs) and times as
+ratios.
 
     python benchmarks/ab_tiles.py [--ops loss attention attention-window split rotate-rows rotate-columns
                                    rotate-rebuilt int8-gemm pv] [--out benchmarks/results/ab_tiles.json]
@@ -75,13 +76,17 @@ ATTENTION_VARIANTS = [("production (K-128 GEMMs 64 x 64, 4 warps, 1 stage)", {})
 ROTATE_VARIANTS = [("production (rotated once, through a row-long scratch; 4096 elements a program)", {})] + [
     (f"{tile} elements a program", {(t_rot, "TILE"): tile}) for tile in (2048, 8192)]
 # the int8 GEMM's tile (BM x BN x BK, warps, stages); integer products: any tile gives the same bits
-GEMM_VARIANTS = [("production (128 x 128 x 64, 4 warps, 5 stages; gated 128 x 128 x 128, 8 warps, 4 stages)", {})] + [
-    (f"{bm} x {bn} x {bk}, {w} warps, {st} stages",
-     {(t_mm, name): dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=st) for name in ("TILE", "MASK_TILE")})
+def _gemm_tile(bm: int, bn: int, bk: int, warps: int, stages: int) -> dict:
+    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+
+
+GEMM_VARIANTS = [("production (128 x 128 x 64, 4 warps, 5 stages; gated: 128 x 128 x 128, 8 warps, 4)", {})] + [
+    (f"{bm} x {bn} x {bk}, {w} warps, {st} stages", {(t_mm, name): _gemm_tile(bm, bn, bk, w, st)
+                                                     for name in ("TILE", "MASK_TILE")})
     for bm, bn, bk, w, st in ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3),
                               (128, 256, 128, 8, 4))] + [
     (f"gated (dw) GEMMs only at {bm} x {bn} x {bk}, {w} warps, {st} stages",
-     {(t_mm, "MASK_TILE"): dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=w, num_stages=st)})
+     {(t_mm, "MASK_TILE"): _gemm_tile(bm, bn, bk, w, st)})
     for bm, bn, bk, w, st in ((128, 128, 64, 4, 5), (128, 256, 128, 8, 3))]
 # P.V's tile: rows, V columns and warps per program (exact int64 sums: any tile gives the same bits)
 PV_VARIANTS = [("production (16 rows x 128 columns, 8 warps)", {})] + [

@@ -92,7 +92,7 @@ def _gemm_kernel(a_ptr, b_ptr, out_ptr, M, N, K, s_ab, s_am, s_ak, s_bb, s_bn, s
 
 # Tile shape and pipeline depth: free choices, since integer results do not depend on them
 # (benchmarks/ab_tiles.py --ops int8-gemm times the alternatives at the linears' shapes).
-TILE = dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=4, num_stages=5)  # 1.15x 128 x 128 x 128, 8 warps, 4 stages
+TILE = dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=4, num_stages=5)  # 1.04-1.15x 128 x 128 x 128 (docs/perf.md)
 # with the straight-through gate's epilogue (a float32 read and a division per output): 1.04x TILE for these
 MASK_TILE = dict(BM=128, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=4)
 SMALL_M_TILE = dict(BM=64, BN=128, BK=128, GROUP_M=8, num_warps=4, num_stages=4)  # at most 64 rows

@@ -99,9 +99,16 @@ KERNELS = {
 GEMM_SIG = {"a_ptr": I8, "b_ptr": I8, "out_ptr": P32, "M": "i32", "N": "i32", "K": "i32", "s_ab": "i32", "s_am": "i32",
             "s_bb": "i32", "s_bn": "i32", "s_ob": "i32", "s_om": "i32", "rs_ptr": P32, "cs_ptr": P32, "inv": "fp32",
             "badr_ptr": I32, "badc_ptr": I32, "msrc_ptr": P32, "mscale_ptr": P32, "mscale_stride": "i32"}
-GEMM_TILE = {k: v for k, v in intmm.TILE.items() if k not in ("num_warps", "num_stages")}  # production's tile
-GEMM_ALIGNED = dict(aligned=("K", "s_ab", "s_am", "s_bb", "s_bn", "s_ob", "s_om"), num_warps=intmm.TILE["num_warps"],
-                    num_stages=intmm.TILE["num_stages"])
+GEMM_ALIGNED = ("K", "s_ab", "s_am", "s_bb", "s_bn", "s_ob", "s_om")
+
+
+def _gemm_launch(tile: dict, **constexprs) -> tuple[dict, dict]:
+    """(compile options, constexprs) of an int8 GEMM launched at a production tile (intmm.TILE, MASK_TILE)."""
+    opts = dict(aligned=GEMM_ALIGNED, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    return opts, {**constexprs, **{k: v for k, v in tile.items() if k not in ("num_warps", "num_stages")}}
+
+
+
 W8 = dict(num_warps=8)
 HP_CFG = dict(BM=128, BN=64, BK=128, GROUP_M=8)
 HP_OPTS = dict(aligned=("Kp", "sa", "sb"), num_warps=8, num_stages=3)
@@ -115,12 +122,12 @@ SPLIT_SIG = {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col
              "e_ptr": I64, "bad_ptr": I32}
 # issue 7: the int8, Hadamard, embedding, contraction and loss twins
 KERNELS7 = {
-    "int8_mm": (intmm._gemm_kernel, {**GEMM_SIG, "out_ptr": I32}, GEMM_ALIGNED,
-                dict(s_ak=1, s_bk=1, FLOAT_OUT=False, HAS_ROW=False, HAS_COL=False, HAS_INV=False, HAS_BAD=False,
-                     HAS_MASK=False, **GEMM_TILE)),
-    "int8_gemm_epilogue": (intmm._gemm_kernel, GEMM_SIG, GEMM_ALIGNED,
-                           dict(s_ak=1, s_bk=1, FLOAT_OUT=True, HAS_ROW=True, HAS_COL=True, HAS_INV=True,
-                                HAS_BAD=True, HAS_MASK=True, **GEMM_TILE)),
+    "int8_mm": (intmm._gemm_kernel, {**GEMM_SIG, "out_ptr": I32},
+                *_gemm_launch(intmm.TILE, s_ak=1, s_bk=1, FLOAT_OUT=False, HAS_ROW=False, HAS_COL=False,
+                              HAS_INV=False, HAS_BAD=False, HAS_MASK=False)),
+    "int8_gemm_epilogue": (intmm._gemm_kernel, GEMM_SIG,  # the gated epilogue: launched at MASK_TILE
+                           *_gemm_launch(intmm.MASK_TILE, s_ak=1, s_bk=1, FLOAT_OUT=True, HAS_ROW=True, HAS_COL=True,
+                                         HAS_INV=True, HAS_BAD=True, HAS_MASK=True)),
     "hadamard_256": (hadamard._pass_kernel, {"x_ptr": P32, "y_ptr": P32, "rows": "i32", "n_in": "i32",
                                              "n_out": "i32", "C": "i32", "Q": "i32"}, W8,
                      dict(P=16, LOG_P=4, S=16, LOG_S=4, R=16)),
