@@ -1,18 +1,22 @@
 """Tile sweep of the loss's row kernel (block, warps), the head's GEMMs (logits and dh, dW), the causal hp
-contraction, the hp split, the int8 linear's rotate-quantize passes, its int8 GEMMs and attention's P.V. Each
+contraction, the hp split, the int8 linear's rotate-quantize passes, its int8 GEMMs, attention's P.V, the
+RMSNorm row kernels and the activation quantizer and LSQ passes. Each
 variant runs against production's in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk,
 dv; the slices, exponents and flags; the codes, steps and flags; the GEMMs' and P.V's outputs) and times as
 ratios.
 
     python benchmarks/ab_tiles.py [--ops loss attention attention-window split rotate-rows rotate-columns
-                                   rotate-rebuilt int8-gemm pv] [--out benchmarks/results/ab_tiles.json]
+                                   rotate-rebuilt int8-gemm pv rmsnorm activation]
+                                  [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
 
 Shapes: the open-1b proxy's head (8,192 tokens, d 2048, vocab 128,256), one attention layer (4 windows of
 2,048, 16 query / 4 kv heads of 128, causal; and with a window of 512 keys, as the model's local layers) and
 the widest int8 linear's backward (w_gate_up, 2048 -> 11264, 8,192 tokens); the int8 GEMMs of one open-1b layer
 (its four linears' forward, dx and dw products at 8,192 tokens, with their dequantizing epilogues); attention's
-int8 P.V at one layer's shape (4 windows x 4 kv heads, 4 query heads each, T 2,048, D 128).
+int8 P.V at one layer's shape (4 windows x 4 kv heads, 4 query heads each, T 2,048, D 128); one layer's
+RMSNorms (the per-head QK norm of q and k, the pre-norm of 8,192 x 2,048) and its linears' activation codes
+and LSQ passes.
 Times: median of triton.testing.do_bench (CUDA events).
 """
 from __future__ import annotations
@@ -31,7 +35,7 @@ from kernels.digest import bits_equal  # noqa: E402
 from kernels.ref import philox  # noqa: E402
 from kernels.ref import hadamard as ref_had  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, loss as t_loss, softmax as t_soft  # noqa: E402
-from kernels.triton import int8_linear as t_lin, intmm as t_mm, rotated_mm as t_rot  # noqa: E402
+from kernels.triton import int8_linear as t_lin, intmm as t_mm, rmsnorm as t_rms, rotated_mm as t_rot  # noqa: E402
 
 # (name, {(module, attribute): value}): what a variant sets on the modules for its run; each list's first
 # entry is production (nothing set). All are free choices for the bits.
@@ -92,6 +96,20 @@ GEMM_VARIANTS = [("production (128 x 128 x 64, 4 warps, 5 stages; gated: 128 x 1
 PV_VARIANTS = [("production (16 rows x 128 columns, 8 warps)", {})] + [
     (f"{bm} rows x {bd} columns, {w} warps", {(t_att, "PV_BM"): bm, (t_att, "PV_BD"): bd, (t_att, "PV_WARPS"): w})
     for bm, bd, w in ((64, 64, 8), (32, 128, 16), (32, 128, 8), (32, 128, 4), (32, 64, 8), (16, 64, 4))]
+
+
+def _one_row_a_program(d: int) -> tuple[int, int]:
+    """The previous RMSNorm row kernels: one row per program, whatever its length."""
+    return 1, min(t_rms.pow2_at_least(d), 2048)
+
+
+RMSNORM_VARIANTS = [("production (2048-element tiles: 16 rows of 128 a program)", {}),
+                    ("one row a program (the previous kernels)", {(t_rms, "_row_tile"): _one_row_a_program})] + [
+    (f"{n}-element tiles", {(t_rms, "ROW_TILE"): n}) for n in (1024, 4096)]
+ACTIVATION_VARIANTS = [("production (activation 16 x 128, 4 warps; LSQ 1024 x 1024)", {})] + [
+    (f"activation {r} x {k}", {(t_lin, "TILE_R"): r, (t_lin, "TILE_K"): k}) for r, k in ((4, 256), (8, 128), (2, 512))
+] + [(f"LSQ {p} programs of {b}", {(t_lin, "TARGET_PROGRAMS"): p, (t_lin, "LSQ_BLOCK"): b})
+     for p, b in ((2048, 1024), (1024, 2048), (4096, 512))]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
     for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]
@@ -154,6 +172,40 @@ def _rotate_cases(m: int, k: int, n: int, dev) -> dict:
                                ROTATE_VARIANTS)}
 
 
+def _norm_cases(b: int, t: int, heads: int, d: int, dev) -> dict:
+    """One layer's RMSNorms, forward and backward: the gain-free per-head QK norm of q [b, heads, t, 128] and
+    k [b, heads / 4, t, 128], and the pre-norm of [b t, d] with its gain."""
+    q = philox.normal(31, 0, (b, heads, t, 128), std=3.0, device=dev).requires_grad_(True)
+    k = philox.normal(32, 0, (b, max(1, heads // 4), t, 128), std=3.0, device=dev).requires_grad_(True)
+    x = philox.normal(33, 0, (b * t, d), std=3.0, device=dev).requires_grad_(True)
+    w = (1.0 + philox.normal(34, 0, (d,), std=0.1, device=dev)).requires_grad_(True)
+
+    def fb():
+        out = []
+        for args in ((q,), (k,), (x, w)):
+            for a in args:
+                a.grad = None
+            y = t_rms.rmsnorm(*args)
+            y.backward(torch.ones_like(y))
+            out += [y] + [a.grad for a in args]
+        return out
+    return {"rmsnorm": ("RMSNorm fwd+bwd: QK norm, pre-norm", fb, RMSNORM_VARIANTS)}
+
+
+def _activation_cases(m: int, linears: dict, dev) -> dict:
+    """The int8 linears' activation quantizer and LSQ passes at one layer's shapes (x [m, k] for each linear)."""
+    xs = [philox.normal(40 + i, 0, (m, k), device=dev) for i, (k, _) in enumerate(linears.values())]
+    gs = [philox.normal(50 + i, 0, (m, k), device=dev) for i, (k, _) in enumerate(linears.values())]
+    s_x = torch.tensor(0.02, device=dev)
+
+    def run():
+        out = []
+        for x, g in zip(xs, gs):
+            out += list(t_lin._activation(x, s_x)) + list(t_lin._lsq(g, x, s_x, True, True))
+        return out
+    return {"activation": ("activation codes and LSQ of one layer", run, ACTIVATION_VARIANTS)}
+
+
 def _pv_cases(bh: int, g: int, t: int, d: int, dev) -> dict:
     """attention's P.V (pv_int8) at one layer's shape: P [B Hkv, G T, T] probabilities-like (uniform in [0, 1)),
     V [B Hkv, T, D], causal, with a window of t / 4 keys (the model's local layers) and without (its global ones)."""
@@ -210,7 +262,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (TRITON_INTERPRET=1 on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ab_tiles.json"))
     ops = ("loss", "attention", "attention-window", "split", "rotate-rows", "rotate-columns", "rotate-rebuilt",
-           "int8-gemm", "pv")
+           "int8-gemm", "pv", "rmsnorm", "activation")
     ap.add_argument("--ops", nargs="+", choices=ops, default=ops, help="which sweeps to run")
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -218,7 +270,9 @@ def main(argv=None) -> int:
     rows = []
     cases = {**_cases(*shapes, dev), **_rotate_cases(*((300, 40, 77) if args.smoke else (8192, 2048, 11264)), dev),
              **_gemm_cases(*((300, {"l": (40, 77)}) if args.smoke else (8192, LAYER_LINEARS)), dev),
-             **_pv_cases(*((2, 2, 200, 40) if args.smoke else (16, 4, 2048, 128)), dev)}
+             **_pv_cases(*((2, 2, 200, 40) if args.smoke else (16, 4, 2048, 128)), dev),
+             **_norm_cases(*((1, 37, 4, 40) if args.smoke else (4, 2048, 16, 2048)), dev),
+             **_activation_cases(*((300, {"l": (40, 77)}) if args.smoke else (8192, LAYER_LINEARS)), dev)}
     for key, (op, fn, variants) in cases.items():
         if key not in args.ops:
             continue

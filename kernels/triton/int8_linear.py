@@ -189,15 +189,20 @@ def _usable(x, w, s_x) -> bool:
             and w.shape[0] > 0)
 
 
+def _forward(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [..., N], s_w [N]) for usable operands: the backward takes the same s_w (w has not changed)."""
+    x2 = _flat(x)
+    s_w, cs, bad_w, q_w = _weight(w.contiguous(), s_x, quant=True)
+    q_x, bad_x = _activation(x2, s_x)
+    y = gemm(q_x, q_w, out_dtype=F32, col_scale=cs, bad_rows=bad_x, bad_cols=bad_w)
+    return y.reshape(*x.shape[:-1], w.shape[0]), s_w
+
+
 def int8_linear_forward(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
     """y [..., N] float32 without autograd: the bits of ref.int8_linear_forward."""
     if not _usable(x, w, s_x):
         return ref.int8_linear_forward(x, w, s_x)
-    x2 = _flat(x)
-    _, cs, bad_w, q_w = _weight(w.contiguous(), s_x, quant=True)
-    q_x, bad_x = _activation(x2, s_x)
-    y = gemm(q_x, q_w, out_dtype=F32, col_scale=cs, bad_rows=bad_x, bad_cols=bad_w)
-    return y.reshape(*x.shape[:-1], w.shape[0])
+    return _forward(x, w, s_x)[0]
 
 
 def _lsq(dx_hat: torch.Tensor, x2: torch.Tensor, s_x: torch.Tensor, need_x: bool, need_s: bool):
@@ -227,9 +232,10 @@ def _lsq(dx_hat: torch.Tensor, x2: torch.Tensor, s_x: torch.Tensor, need_x: bool
 
 def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *,
                          rotate: bool = True, block: int = DEFAULT_BLOCK,
-                         needs: tuple[bool, bool, bool] = (True, True, True),
+                         needs: tuple[bool, bool, bool] = (True, True, True), s_w: torch.Tensor | None = None,
                          ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(dx like x, dw float32 [N, K], ds_x 0-dim float32): the bits of ref.int8_linear_backward."""
+    """(dx like x, dw float32 [N, K], ds_x 0-dim float32): the bits of ref.int8_linear_backward.
+    s_w: w's step (weight_step(w)) when the caller has it from the forward, else it is taken here."""
     n_out, k = w.shape if w.dim() == 2 else (0, 0)
     m = x.numel() // k if k else 0
     if not (_usable(x, w, s_x) and on_triton(g) and g.dtype == F32 and g.shape[-1] == n_out
@@ -237,7 +243,8 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
         return ref.int8_linear_backward(g, x, w, s_x, rotate=rotate, block=block, needs=needs)
     need_x, need_s, need_w = needs[0], needs[2], needs[1]
     g2, x2, w = _flat(g), _flat(x), w.contiguous()
-    s_w = _weight(w, s_x, quant=False)[0]
+    if s_w is None:
+        s_w = _weight(w, s_x, quant=False)[0]
     dx = dw = ds = None
     if need_x or need_s:
         # dx_hat = G w_hat, contracting over N: a = g2 rows, b = w_hat columns (element (k, n) at n K + k)
@@ -258,15 +265,16 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
 class _Int8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, s_x, rotate, block):
-        ctx.save_for_backward(x, w, s_x)
+        y, s_w = _forward(x, w, s_x)
+        ctx.save_for_backward(x, w, s_x, s_w)  # s_w [N]: one pass over w fewer in the backward
         ctx.rotate, ctx.block = rotate, block
-        return int8_linear_forward(x, w, s_x)
+        return y
 
     @staticmethod
     def backward(ctx, g):
-        x, w, s_x = ctx.saved_tensors
+        x, w, s_x, s_w = ctx.saved_tensors
         dx, dw, ds = int8_linear_backward(g.contiguous(), x, w, s_x, rotate=ctx.rotate, block=ctx.block,
-                                          needs=tuple(ctx.needs_input_grad[:3]))
+                                          needs=tuple(ctx.needs_input_grad[:3]), s_w=s_w)
         if dw is not None:
             dw = dw.to(w.dtype)  # a bf16 weight's gradient is bf16 (round to nearest even, as the reference)
         return dx, dw, ds, None, None

@@ -1,7 +1,7 @@
 """Triton twin of kernels/ref/rmsnorm.py: y = (x * rstd) * w, rstd = rsqrt(mean(x^2) + eps), and its backward.
 
-One program per row: the exact fixed-point mean takes two passes (largest square, then the int64 sum),
-a third writes the output. dweight sums over every row exactly: column splits report their largest
+A program takes one row (or, for short rows, several: ROW_TILE elements): the exact fixed-point mean takes
+two passes (largest square, then the int64 sum), a third writes the output. dweight sums over every row exactly: column splits report their largest
 product, then their int64 sums at the column's scale, then a last kernel adds the splits and rounds.
 """
 from __future__ import annotations
@@ -20,74 +20,82 @@ from kernels.triton.reduce import _double_bits
 
 F32 = torch.float32
 COL_BLOCK, COL_ROWS = 64, 32  # dweight tiles: 64 columns x 32 rows
+ROW_TILE = 2048  # elements of the row kernels' tile (rows x columns): free for the bits
 
 
 @triton.jit
-def _terms(g_row, x_row, w_ptr, idx, m, rstd, MODE: tl.constexpr, HAS_W: tl.constexpr):
-    """The float32 factors of a row's mean: (x, x) for the forward; (gh, xhat) for the backward."""
-    x = tl.load(x_row + idx, mask=m, other=0.0)
+def _terms(g_rows, x_rows, w_ptr, idx, m, rstd, D, MODE: tl.constexpr, HAS_W: tl.constexpr):
+    """The float32 factors [R, BLOCK] of R rows' means at columns idx: (x, x) for the forward; (gh, xhat) for
+    the backward (rstd [R])."""
+    x = tl.load(x_rows[:, None] + idx[None, :], mask=m, other=0.0)
     a = x
     b = x
     if MODE == 1:
-        a = tl.load(g_row + idx, mask=m, other=0.0)
+        a = tl.load(g_rows[:, None] + idx[None, :], mask=m, other=0.0)
         if HAS_W:
-            a = a * tl.load(w_ptr + idx, mask=m, other=0.0)
-        b = x * rstd  # the forward's xhat bits
+            a = a * tl.load(w_ptr + idx, mask=idx < D, other=0.0)[None, :]
+        b = x * rstd[:, None]  # the forward's xhat bits
     return a, b
 
 
 @triton.jit
-def _row_mean(g_row, x_row, w_ptr, rstd, D, top, inv_bits,
-              MODE: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
-    """float32 exact mean of the float64 products a * b over a row: ref exact_mean, bit for bit."""
-    amax = tl.zeros([BLOCK], tl.float64)
-    fl = tl.zeros([BLOCK], tl.int32)
+def _row_mean(g_rows, x_rows, w_ptr, live, rstd, D, top, inv_bits,
+              MODE: tl.constexpr, HAS_W: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
+    """float32 exact mean [R] of the float64 products a * b over each row: ref exact_mean, bit for bit."""
+    amax = tl.zeros([R, BLOCK], tl.float64)
+    fl = tl.zeros([R, BLOCK], tl.int32)
     for start in range(0, D, BLOCK):
         idx = start + tl.arange(0, BLOCK)
-        a, b = _terms(g_row, x_row, w_ptr, idx, idx < D, rstd, MODE, HAS_W)
+        a, b = _terms(g_rows, x_rows, w_ptr, idx, live[:, None] & (idx < D)[None, :], rstd, D, MODE, HAS_W)
         p = a.to(tl.float64) * b.to(tl.float64)  # exact: float32 products fit in float64
         amax = tl.maximum(amax, finite_abs(p))
         fl = fl | flags_of(p)
-    s = scale_shift(tl.max(amax, 0), top)
-    acc = tl.zeros([BLOCK], tl.int64)
+    s = scale_shift(tl.max(amax, 1), top)
+    acc = tl.zeros([R, BLOCK], tl.int64)
     for start in range(0, D, BLOCK):
         idx = start + tl.arange(0, BLOCK)
-        a, b = _terms(g_row, x_row, w_ptr, idx, idx < D, rstd, MODE, HAS_W)
-        acc += to_fixed(a.to(tl.float64) * b.to(tl.float64), s)
-    mean = (from_fixed(tl.sum(acc, 0), s) * inv_bits.to(tl.int64).to(tl.float64, bitcast=True)).to(tl.float32)
-    f = or_reduce(fl, 0)
+        a, b = _terms(g_rows, x_rows, w_ptr, idx, live[:, None] & (idx < D)[None, :], rstd, D, MODE, HAS_W)
+        acc += to_fixed(a.to(tl.float64) * b.to(tl.float64), s[:, None])  # integer adds: any order
+    mean = (from_fixed(tl.sum(acc, 1), s) * inv_bits.to(tl.int64).to(tl.float64, bitcast=True)).to(tl.float32)
+    f = or_reduce(fl, 1)
     return tl.where(f != 0, nonfinite_sum(f).to(tl.float32), mean)
 
 
-@triton.jit(do_not_specialize=["D", "top", "inv_bits"])
-def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, D, top, inv_bits, eps,
-                    HAS_W: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+@triton.jit(do_not_specialize=["N", "D", "top", "inv_bits"])
+def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, N, D, top, inv_bits, eps,
+                    HAS_W: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
+    """R rows of N: y = (x * rstd) * w and rstd (rows are independent: any R gives the same bits)."""
+    row = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    live = row < N
     xr = x_ptr + row * D
-    ms = _row_mean(xr, xr, w_ptr, 0.0, D, top, inv_bits, MODE=0, HAS_W=False, BLOCK=BLOCK)
+    ms = _row_mean(xr, xr, w_ptr, live, tl.zeros([R], tl.float32), D, top, inv_bits, MODE=0, HAS_W=False,
+                   R=R, BLOCK=BLOCK)
     rstd = rsqrt_f32(ms + eps)
-    tl.store(rstd_ptr + row, rstd)
+    tl.store(rstd_ptr + row, rstd, mask=live)
     for start in range(0, D, BLOCK):
         idx = start + tl.arange(0, BLOCK)
-        x = tl.load(xr + idx, mask=idx < D, other=0.0)
-        y = x * rstd
+        m = live[:, None] & (idx < D)[None, :]
+        y = tl.load(xr[:, None] + idx[None, :], mask=m, other=0.0) * rstd[:, None]
         if HAS_W:
-            y = y * tl.load(w_ptr + idx, mask=idx < D, other=0.0)  # (x * rstd) * w: the definition's order
-        tl.store(y_ptr + row * D + idx, y, mask=idx < D)
+            y = y * tl.load(w_ptr + idx, mask=idx < D, other=0.0)[None, :]  # (x * rstd) * w: the definition's order
+        tl.store(y_ptr + row[:, None] * D + idx[None, :], y, mask=m)
 
 
-@triton.jit(do_not_specialize=["D", "top", "inv_bits"])
-def _dx_kernel(g_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, D, top, inv_bits,
-               HAS_W: tl.constexpr, BLOCK: tl.constexpr):
-    """dx = (gh - xhat * c) * rstd with c the exact mean of gh * xhat (gh = g * w, xhat = x * rstd)."""
-    row = tl.program_id(0).to(tl.int64)
-    rstd = tl.load(rstd_ptr + row)
-    g_row, x_row = g_ptr + row * D, x_ptr + row * D
-    c = _row_mean(g_row, x_row, w_ptr, rstd, D, top, inv_bits, MODE=1, HAS_W=HAS_W, BLOCK=BLOCK)
+@triton.jit(do_not_specialize=["N", "D", "top", "inv_bits"])
+def _dx_kernel(g_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, N, D, top, inv_bits,
+               HAS_W: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
+    """dx = (gh - xhat * c) * rstd with c the exact mean of gh * xhat (gh = g * w, xhat = x * rstd), R rows."""
+    row = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    live = row < N
+    rstd = tl.load(rstd_ptr + row, mask=live, other=0.0)
+    g_rows, x_rows = g_ptr + row * D, x_ptr + row * D
+    c = _row_mean(g_rows, x_rows, w_ptr, live, rstd, D, top, inv_bits, MODE=1, HAS_W=HAS_W, R=R,
+                  BLOCK=BLOCK)
     for start in range(0, D, BLOCK):
         idx = start + tl.arange(0, BLOCK)
-        gh, xhat = _terms(g_row, x_row, w_ptr, idx, idx < D, rstd, MODE=1, HAS_W=HAS_W)
-        tl.store(dx_ptr + row * D + idx, (gh - xhat * c) * rstd, mask=idx < D)
+        m = live[:, None] & (idx < D)[None, :]
+        gh, xhat = _terms(g_rows, x_rows, w_ptr, idx, m, rstd, D, MODE=1, HAS_W=HAS_W)
+        tl.store(dx_ptr + row[:, None] * D + idx[None, :], (gh - xhat * c[:, None]) * rstd[:, None], mask=m)
 
 
 @triton.jit
@@ -150,8 +158,11 @@ def _dw_finish_kernel(amax_ptr, flags_ptr, part_ptr, dw_ptr, D, S, top, S_POW2: 
     tl.store(dw_ptr + cols, dw, mask=cols < D)
 
 
-def _row_block(d: int) -> int:
-    return min(pow2_at_least(d), 2048)
+def _row_tile(d: int) -> tuple[int, int]:
+    """(rows per program, columns per step): a long row has a program to itself; short rows (the per-head QK
+    norm's 128) share one, ROW_TILE elements a step (one row per program left most of its lanes idle)."""
+    block = min(pow2_at_least(d), ROW_TILE)
+    return ROW_TILE // block, block
 
 
 def _forward(x2: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,8 +170,10 @@ def _forward(x2: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple
     y = torch.empty_like(x2)
     rstd = torch.empty(r, dtype=F32, device=x2.device)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(d)
-    _forward_kernel[(r,)](x2, weight if weight is not None else x2, y, rstd, d, top, _double_bits(1.0 / d), eps,
-                          HAS_W=weight is not None, BLOCK=_row_block(d), num_warps=8, **BR_OPTIONS)
+    rows, block = _row_tile(d)
+    _forward_kernel[(cdiv(r, rows),)](x2, weight if weight is not None else x2, y, rstd, r, d, top,
+                                      _double_bits(1.0 / d), eps, HAS_W=weight is not None, R=rows, BLOCK=block,
+                                      num_warps=8, **BR_OPTIONS)
     return y, rstd
 
 
@@ -168,8 +181,10 @@ def _dx(g2, x2, weight, rstd) -> torch.Tensor:
     r, d = x2.shape
     dx = torch.empty_like(x2)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(d)
-    _dx_kernel[(r,)](g2, x2, weight if weight is not None else x2, rstd, dx, d, top, _double_bits(1.0 / d),
-                     HAS_W=weight is not None, BLOCK=_row_block(d), num_warps=8, **BR_OPTIONS)
+    rows, block = _row_tile(d)
+    _dx_kernel[(cdiv(r, rows),)](g2, x2, weight if weight is not None else x2, rstd, dx, r, d, top,
+                                 _double_bits(1.0 / d), HAS_W=weight is not None, R=rows, BLOCK=block, num_warps=8,
+                                 **BR_OPTIONS)
     return dx
 
 

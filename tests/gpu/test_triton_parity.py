@@ -338,6 +338,25 @@ def test_rmsnorm(shape, gain):
         three_ways(t_rms.rmsnorm, r_rms.rmsnorm, [x], g)
 
 
+@pytest.mark.parametrize("gain", [False, True], ids=["gainfree", "gain"])
+def test_rmsnorm_short_rows_share_a_program(gain):
+    """Rows of 128 (the per-head QK norm), 16 to a program with a partial last one: a non-finite or zero row
+    among finite ones keeps its own result, and its neighbours theirs."""
+    x = normal((3, 37, 128), "rms-rows", std=3.0)
+    x[0, 5, 7] = float("nan")
+    x[1, 2, :] = float("inf")
+    x[2, 36, 0] = -float("inf")
+    x[1, 9] = 0.0
+    g = normal((3, 37, 128), "rms-rows", "g")
+    g[2, 3, 4] = float("nan")
+    g[0, 20, :] = float("inf")
+    if gain:
+        w = 1.0 + normal((128,), "rms-rows", "w", std=0.1)
+        three_ways(t_rms.rmsnorm, r_rms.rmsnorm, [x, w], g)
+    else:
+        three_ways(t_rms.rmsnorm, r_rms.rmsnorm, [x], g)
+
+
 def test_rmsnorm_dweight_any_split_count():
     x, g = normal((1000, 257), "dw"), normal((1000, 257), "dw", "g")
     _, rstd = t_rms._forward(x.to(CUDA), None, 1e-6)
