@@ -75,9 +75,21 @@ class ExactSum:
         self.shape, self.device = tuple(shape), device
         self._fused = _fused_kernels(ops)
         self.limbs: torch.Tensor | None = None  # allocated when a second partial arrives
-        self.bad = torch.zeros(shape, dtype=F64, device=device)  # order-free sum of inf/NaN stand-ins
+        self._bad: torch.Tensor | None = None  # allocated when first needed (None: all +0.0)
         self.pending: torch.Tensor | None = None
         self.count = 0
+
+    @property
+    def bad(self) -> torch.Tensor:
+        """The order-free float64 sum of inf/NaN stand-ins. Zeros until something needs it: a single partial's
+        fused result never does, and at the model's size the zeros are 8 bytes a parameter to fill and read."""
+        if self._bad is None:
+            self._bad = torch.zeros(self.shape, dtype=F64, device=self.device)
+        return self._bad
+
+    @bad.setter
+    def bad(self, value: torch.Tensor) -> None:
+        self._bad = value
 
     # the eager path's exact powers of two, made on first use (the fused path needs none: no small copies to the GPU)
     _up = functools.cached_property(lambda self: _p2(GRID, self.device))
@@ -89,7 +101,8 @@ class ExactSum:
     def _kernels(self, *tensors: torch.Tensor):
         """The fused kernels when they take these tensors (Triton backend, CUDA, contiguous limbs), else None."""
         k = self._fused
-        if k is None or not k.on_triton(*tensors, self.bad) or not self.bad.is_contiguous():
+        bad = () if self._bad is None else (self._bad,)
+        if k is None or not k.on_triton(*tensors, *bad) or not all(b.is_contiguous() for b in bad):
             return None
         return k if self.limbs is None or (self.limbs.is_contiguous() and k.on_triton(self.limbs)) else None
 
@@ -171,7 +184,7 @@ class ExactSum:
         src = self.pending if self.pending is not None else self.limbs
         k = self._kernels(src) if src is not None else None
         if k is not None:
-            return k.result(src, self.bad, scale, self.pending is not None)
+            return k.result(src, self._bad, scale, self.pending is not None, self.shape)
         if self.pending is not None:
             # one partial: the integer the limbs would reconstruct exactly (+ 0.0: an integer zero has no sign)
             v = self._grid(self.pending) + 0.0

@@ -64,10 +64,14 @@ def _accumulate_kernel(g_ptr, limbs_ptr, bad_ptr, n, FRESH: tl.constexpr, BLOCK:
 
 
 @triton.jit(do_not_specialize=["n", "scale_bits"])
-def _result_kernel(src_ptr, bad_ptr, out_ptr, n, scale_bits, PENDING: tl.constexpr, BLOCK: tl.constexpr):
+def _result_kernel(src_ptr, bad_ptr, out_ptr, n, scale_bits, PENDING: tl.constexpr, HAS_BAD: tl.constexpr,
+                   BLOCK: tl.constexpr):
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     on = idx < n
-    bad = tl.load(bad_ptr + idx, mask=on, other=0.0)
+    if HAS_BAD:
+        bad = tl.load(bad_ptr + idx, mask=on, other=0.0)
+    else:  # no stand-ins yet: +0.0, as the zeros ExactSum would have allocated
+        bad = tl.zeros([BLOCK], tl.float64)
     if PENDING:  # src is the one partial: its grid integer (+ 0.0: an integer zero has no sign)
         x = tl.load(src_ptr + idx, mask=on, other=0.0).to(tl.float64)
         ok = _in_range(x)
@@ -101,13 +105,19 @@ def accumulate(g: torch.Tensor, limbs: torch.Tensor, bad: torch.Tensor, fresh: b
         _accumulate_kernel[(cdiv(n, BLOCK),)](g.contiguous(), limbs, bad, n, FRESH=fresh, BLOCK=BLOCK, **BR_OPTIONS)
 
 
-def result(src: torch.Tensor, bad: torch.Tensor, scale: float, pending: bool) -> torch.Tensor:
-    """ExactSum.result(scale) as float32 [*bad.shape]: from the single pending partial `src` (pending=True)
-    or from the int64 limbs `src` [3, *shape]. Does not touch `bad` (the eager path's update of it there is
-    added again when the partial is flushed: x + c + c == x + c for every stand-in c)."""
-    out = torch.empty(bad.shape, dtype=torch.float32, device=bad.device)
-    n = bad.numel()
+def result(src: torch.Tensor, bad: torch.Tensor | None, scale: float, pending: bool,
+           shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """ExactSum.result(scale) as float32 [*shape] (bad's shape when given): from the single pending partial `src`
+    (pending=True) or from the int64 limbs `src` [3, *shape]; `bad` None stands for zeros (no pass over them).
+    Does not touch `bad` (the eager path's update of it there is added again when the partial is flushed:
+    x + c + c == x + c for every stand-in c)."""
+    shape = tuple(bad.shape) if bad is not None else tuple(shape)
+    out = torch.empty(shape, dtype=torch.float32, device=src.device)
+    n = out.numel()
+    if bad is not None and bad.numel() != n:
+        raise ValueError(f"exactsum.result: bad {tuple(bad.shape)} does not match shape {shape}")
     if n:
-        _result_kernel[(cdiv(n, BLOCK),)](src.contiguous(), bad.contiguous(), out, n, _double_bits(scale),
-                                          PENDING=pending, BLOCK=BLOCK, **BR_OPTIONS)
+        _result_kernel[(cdiv(n, BLOCK),)](src.contiguous(), bad.contiguous() if bad is not None else out, out, n,
+                                          _double_bits(scale), PENDING=pending, HAS_BAD=bad is not None,
+                                          BLOCK=BLOCK, **BR_OPTIONS)
     return out
