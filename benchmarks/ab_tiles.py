@@ -63,13 +63,16 @@ def _dp_every_tile(a, b, t, window, row_flags):
 
 
 _K128 = ("causal", "short")  # attention's logits and dP: one K-step each
-ATTENTION_VARIANTS = [("production (K-128 GEMMs 64 x 64, 4 warps, 1 stage)", {}),
-                      ("K-128 GEMMs 128 x 64, 8 warps, 3 stages (the previous tile)",
-                       {(hp, "TILES"): {u: {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 3} for u in _K128}}),
-                      ("K-128 GEMMs 64 x 32, 4 warps, 1 stage",
-                       {(hp, "TILES"): {u: {"BN": 32} for u in _K128}}),
-                      ("K-128 GEMMs 64 x 64, 8 warps, 1 stage",
-                       {(hp, "TILES"): {u: {"num_warps": 8} for u in _K128}}),
+ATTENTION_VARIANTS = [("production (logits and dP walk key tiles: 64 x 64, 4 warps, 2 stages)", {}),
+                      ("logits and dP a tile per program (the previous launch)", {(hp, "CAUSAL_WALK"): False})] + [
+    (f"walk {bm} x {bn}, {w} warps, {st} stages",
+     {(hp, "TILES"): {"causal-walk": {"BM": bm, "BN": bn, "num_warps": w, "num_stages": st}}})
+    for bm, bn, w, st in ((64, 64, 4, 3), (64, 64, 4, 1), (128, 64, 8, 2), (64, 128, 8, 2))] + [
+                      ("K-128 GEMMs a tile per program, 128 x 64, 8 warps, 3 stages",
+                       {(hp, "CAUSAL_WALK"): False,
+                        (hp, "TILES"): {u: {"BM": 128, "BN": 64, "num_warps": 8, "num_stages": 3} for u in _K128}}),
+                      ("K-128 GEMMs a tile per program, 64 x 32, 4 warps, 1 stage",
+                       {(hp, "CAUSAL_WALK"): False, (hp, "TILES"): {u: {"BN": 32} for u in _K128}}),
                       ("dP over every tile", {(hp, "hp_window_matmul_"): _dp_every_tile}),
                       ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
                       ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits})]

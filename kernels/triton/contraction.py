@@ -20,7 +20,7 @@ from kernels.ref.checks import expect, same_device
 from kernels.triton.fixedpoint import finite_abs
 from kernels.triton.ieee import INF, frexp_exponent, isfinite, nan_f64, pow2, rint
 from kernels.triton.intmm import MAX_BATCH
-from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton
+from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_at_least
 
 F32 = torch.float32
 KS = tl.constexpr(65536)  # K-steps per int32 accumulation: 4 * 64 * 64 * 2^16 = 2^30 < 2^31
@@ -396,6 +396,120 @@ def _hp_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_p
         tl.atomic_or(flags_ptr + batch * M + rm, odd, mask=a_live & (odd != 0))
 
 
+@triton.jit
+def _dot_b(a0, a1, a2, a3, b_ptr, b_rows, sb, Kp, c0, c1, c2, c3, SLICES: tl.constexpr, BK: tl.constexpr):
+    """_dot_step's slice products for a single K-step (Kp <= BK) with A's slices a_i given (held by the caller)."""
+    rk = tl.arange(0, BK)
+    kin = (rk < Kp)[None, :]
+    pb = b_ptr + b_rows[:, None] * Kp + rk[None, :]
+    b0 = tl.load(pb, mask=kin, other=0)
+    c0 = tl.dot(a0, tl.trans(b0), c0, out_dtype=tl.int32)
+    if SLICES > 1:
+        b1 = tl.load(pb + sb, mask=kin, other=0)
+        c1 = tl.dot(a0, tl.trans(b1), c1, out_dtype=tl.int32)
+        c1 = tl.dot(a1, tl.trans(b0), c1, out_dtype=tl.int32)
+    if SLICES > 2:
+        b2 = tl.load(pb + 2 * sb, mask=kin, other=0)
+        c2 = tl.dot(a0, tl.trans(b2), c2, out_dtype=tl.int32)
+        c2 = tl.dot(a1, tl.trans(b1), c2, out_dtype=tl.int32)
+        c2 = tl.dot(a2, tl.trans(b0), c2, out_dtype=tl.int32)
+    if SLICES > 3:
+        b3 = tl.load(pb + 3 * sb, mask=kin, other=0)
+        c3 = tl.dot(a0, tl.trans(b3), c3, out_dtype=tl.int32)
+        c3 = tl.dot(a1, tl.trans(b2), c3, out_dtype=tl.int32)
+        c3 = tl.dot(a2, tl.trans(b1), c3, out_dtype=tl.int32)
+        c3 = tl.dot(a3, tl.trans(b0), c3, out_dtype=tl.int32)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _causal_row_tile(a0, a1, a2, a3, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, flags_ptr,
+                     batch, rm, a_rows, a_live, forced, nt, N, Kp, sb, T, window, HAS_POST: tl.constexpr,
+                     WINDOW: tl.constexpr, MASKED: tl.constexpr, STORE_UNSEEN: tl.constexpr,
+                     ROW_FLAGS: tl.constexpr, COMPUTE: tl.constexpr, SLICES: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr):
+    """Key tile nt of _hp_kernel's CAUSAL branch for the rows rm: the same product, value, mask, store and flags.
+    With COMPUTE the product is taken whether or not a query of the tile sees a key of it (and then dropped, as
+    there); without it the caller knows none does and the tile is _hp_kernel's unseen one."""
+    rn = nt * BN + tl.arange(0, BN)
+    b_live = rn < N
+    b_rows = batch * N + tl.where(b_live, rn, 0)
+    store = a_live[:, None] & b_live[None, :]
+    seen = _seen(rm, rn, T, window, WINDOW)
+    any_seen = (tl.max(tl.where(seen & store, 1, 0)) > 0) | forced
+    if not STORE_UNSEEN:
+        store = store & any_seen
+    if COMPUTE:
+        z = tl.zeros([BM, BN], tl.int32)
+        c0, c1, c2, c3 = _dot_b(a0, a1, a2, a3, b_ptr, b_rows, sb, Kp, z, z, z, z, SLICES, BK)
+        y = _tile_value(_combine(c0, c1, c2, c3, SLICES), a_rows, b_rows, ea_ptr, eb_ptr, bada_ptr, badb_ptr,
+                        a_live, b_live, SLICES)
+        y = tl.where(any_seen, y, -INF)  # _hp_kernel's unseen tile: every entry -inf before the factor
+    else:
+        y = tl.full([BM, BN], -INF, tl.float32)
+    if HAS_POST:
+        y = y * tl.load(post_ptr)
+    if MASKED:
+        y = tl.where(seen, y, -INF)
+    tl.store(out_ptr + a_rows[:, None] * N + rn[None, :], y, mask=store)  # a_rows: batch M + m where stored
+    if ROW_FLAGS:
+        odd = tl.max(tl.where(store & ((y != y) | (tl.abs(y) == INF)), 1, 0), axis=1)
+        tl.atomic_or(flags_ptr + a_rows, odd, mask=a_live & (odd != 0))
+
+
+@triton.jit(do_not_specialize=["M", "N", "T", "window"])
+def _hp_rows_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, flags_ptr, force_ptr, M,
+                    N, Kp, sa, sb, T, window, HAS_POST: tl.constexpr, WINDOW: tl.constexpr, MASKED: tl.constexpr,
+                    STORE_UNSEEN: tl.constexpr, ROW_FLAGS: tl.constexpr, FORCE: tl.constexpr,
+                    SLICES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """_hp_kernel's CAUSAL launch for a one-step contraction (Kp <= BK: attention's logits and dP), one program per
+    BM rows of a batch: A's slices are loaded once, and the program walks the key tiles its queries can see
+    (all of them when one of its rows is forced), B's loads pipelined across the walk; the tiles outside that
+    range hold no seen entry and are stored only with STORE_UNSEEN. Every tile's bits are _hp_kernel's."""
+    batch = tl.program_id(1).to(tl.int64)
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    a_live = rm < M
+    a_rows = batch * M + tl.where(a_live, rm, 0)
+    rk = tl.arange(0, BK)
+    pa = a_ptr + a_rows[:, None] * Kp + rk[None, :]
+    kin = (rk < Kp)[None, :]
+    a0 = tl.load(pa, mask=kin, other=0)
+    a1 = a0
+    a2 = a0
+    a3 = a0
+    if SLICES > 1:
+        a1 = tl.load(pa + sa, mask=kin, other=0)
+    if SLICES > 2:
+        a2 = tl.load(pa + 2 * sa, mask=kin, other=0)
+    if SLICES > 3:
+        a3 = tl.load(pa + 3 * sa, mask=kin, other=0)
+    forced = tl.program_id(0) < 0  # no row forced
+    if FORCE:
+        forced = tl.max(tl.load(force_ptr + a_rows, mask=a_live, other=0)) != 0
+    i = rm % T
+    nt_all = tl.cdiv(N, BN)
+    lo = 0
+    if WINDOW:
+        lo = tl.maximum(tl.min(tl.where(a_live, i, T), 0) - window + 1, 0) // BN
+    hi = tl.minimum(tl.max(tl.where(a_live, i, 0), 0) // BN + 1, nt_all)
+    if forced:
+        lo = 0
+        hi = nt_all
+    for nt in range(lo, hi):
+        _causal_row_tile(a0, a1, a2, a3, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr, flags_ptr,
+                         batch, rm, a_rows, a_live, forced, nt, N, Kp, sb, T, window, HAS_POST, WINDOW, MASKED,
+                         STORE_UNSEEN, ROW_FLAGS, True, SLICES, BM, BN, BK)
+    if STORE_UNSEEN:  # the tiles outside [lo, hi) hold no seen entry (nor a forced row): -inf, as _hp_kernel's
+        for nt in range(0, lo):
+            _causal_row_tile(a0, a1, a2, a3, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr,
+                             flags_ptr, batch, rm, a_rows, a_live, forced, nt, N, Kp, sb, T, window, HAS_POST,
+                             WINDOW, MASKED, STORE_UNSEEN, ROW_FLAGS, False, SLICES, BM, BN, BK)
+        for nt in range(hi, nt_all):
+            _causal_row_tile(a0, a1, a2, a3, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr,
+                             flags_ptr, batch, rm, a_rows, a_live, forced, nt, N, Kp, sb, T, window, HAS_POST,
+                             WINDOW, MASKED, STORE_UNSEEN, ROW_FLAGS, False, SLICES, BM, BN, BK)
+
+
 SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the epilogue's scratch
 # tiles per use ("head": the LM head's logits and dh, "causal": attention's logits, "dw": the head's dW,
 # "short": other contractions over at most SHORT_K, one K-step: attention's dP), {"BM", "BN", "BK", "num_warps",
@@ -406,6 +520,10 @@ SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the ep
 # (benchmarks/ab_tiles.py, docs/perf.md).
 PRODUCTION_TILES: dict[str, dict] = {use: {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 1}
                                      for use in ("causal", "short")}
+# attention's causal K-128 products (logits, dP) walk a row tile's key tiles in one program (_hp_rows_kernel):
+# A's slices loaded once, B's pipelined over the walk
+PRODUCTION_TILES["causal-walk"] = {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 2}
+CAUSAL_WALK = True  # False: one program per tile (_hp_kernel), the previous launch (a sweep's switch)
 TILES: dict[str, dict] = {}  # what a tile sweep sets over production's (benchmarks/ab_tiles.py); empty in production
 SHORT_K = 128
 
@@ -438,6 +556,9 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
     out = torch.empty((batch, m, n), dtype=F32, device=a.q.device)
     if out.numel() == 0:
         return out
+    if causal is not None and band is None and CAUSAL_WALK and kp <= SHORT_K:
+        _causal_walk(a, b, out, batch, m, n, post, causal, store_unseen, row_flags, masked, force)
+        return out
     cfg = config(slices, use or ("causal" if causal is not None else "short" if kp <= SHORT_K else None))
     grid = (cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]), batch)
     t, window = causal if causal is not None else (1, None)
@@ -454,6 +575,22 @@ def hp_gemm(a: Sliced, b: Sliced, batch: int, m: int, n: int, post: torch.Tensor
                      STORE_UNSEEN=store_unseen, ROW_FLAGS=row_flags is not None, FORCE=force is not None,
                      LONG_K=kp > KS.value, KBAND=kband, SLICES=slices, **cfg, **BR_OPTIONS)
     return out
+
+
+def _causal_walk(a: Sliced, b: Sliced, out: torch.Tensor, batch: int, m: int, n: int, post, causal, store_unseen,
+                 row_flags, masked, force) -> None:
+    """hp_gemm's causal product of a one-step contraction through _hp_rows_kernel (the same tiles' bits)."""
+    slices, _, kp = a.q.shape
+    cfg = config(slices, "causal-walk")
+    bk = max(16, pow2_at_least(kp))
+    t, window = causal
+    _hp_rows_kernel[(cdiv(m, cfg["BM"]), batch)](
+        a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out,
+        row_flags if row_flags is not None else a.bad, force if force is not None else a.bad, m, n, kp,
+        a.q.stride(0), b.q.stride(0), t, window or 0, HAS_POST=post is not None, WINDOW=window is not None,
+        MASKED=masked, STORE_UNSEEN=store_unseen, ROW_FLAGS=row_flags is not None, FORCE=force is not None,
+        SLICES=slices, BM=cfg["BM"], BN=cfg["BN"], BK=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **BR_OPTIONS)
 
 
 # the longest K taken here: the reference's int32 slice products are exact (64 * 64 * K < 2^31) up to it

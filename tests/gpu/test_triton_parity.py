@@ -660,6 +660,36 @@ def test_hp_gemm_row_flags():
     assert torch.equal(flags.cpu() != 0, want)
 
 
+@pytest.mark.parametrize("window,masked,t", [(None, True, 200), (40, True, 200), (5, False, 150), (130, True, 256)],
+                         ids=str)
+def test_hp_gemm_causal_walk_is_the_tile_kernel(window, masked, t, monkeypatch):
+    """Attention's causal one-step products walk a row tile's key tiles in one program (_hp_rows_kernel): its
+    output and row flags are the per-tile kernel's, every entry stored (store_unseen), with the scale, a NaN
+    query row, an overflowing product, a forced row, and query rows across a head boundary (T % 64 != 0)."""
+    g = 2
+    a, b = normal((2, g * t, 24), "walk", t), normal((2, t, 24), "walk", t, "b")
+    a[1, 7, 2] = float("nan")
+    a[0, 5, :], b[0, 3, :] = 1e30, 1e30
+    sa = t_hp.operand_rows(a.to(CUDA), 3, transpose=False)
+    sb = t_hp.operand_rows(b.to(CUDA), 3, transpose=False)
+    post = torch.tensor(0.125, device=CUDA)
+    force = torch.zeros(2 * g * t, dtype=torch.int32, device=CUDA)
+    force[g * t + 170] = 1
+
+    def run(walk: bool, **kw):
+        monkeypatch.setattr(t_hp, "CAUSAL_WALK", walk)
+        flags = torch.zeros(2 * g * t, dtype=torch.int32, device=CUDA)
+        out = t_hp.hp_gemm(sa, sb, 2, g * t, t, post=post, causal=(t, window), masked=masked, row_flags=flags,
+                           **kw)
+        return out, flags
+
+    for kw in (dict(), dict(force=force)):
+        (got, got_f), (want, want_f) = run(True, **kw), run(False, **kw)
+        assert mismatches(got, want) == 0, kw
+        assert torch.equal(got_f, want_f), kw
+        assert bool((want_f != 0).any())
+
+
 @pytest.mark.parametrize("case", ["finite", "nan-row", "inf-key", "overflow", "large"])
 def test_hp_window_matmul(case):
     """dP of a sliding window over the tiles a window reaches: the reference's bits on every seen entry, and
