@@ -106,11 +106,11 @@ def _one_row_a_program(d: int) -> tuple[int, int]:
     return 1, min(t_rms.pow2_at_least(d), 2048)
 
 
-RMSNORM_VARIANTS = [("production (2048-element tiles: 16 rows of 128 a program)", {}),
+RMSNORM_VARIANTS = [("production (1024-element tiles: 8 rows of 128 a program)", {}),
                     ("one row a program (the previous kernels)", {(t_rms, "_row_tile"): _one_row_a_program})] + [
-    (f"{n}-element tiles", {(t_rms, "ROW_TILE"): n}) for n in (1024, 4096)]
-ACTIVATION_VARIANTS = [("production (activation 16 x 128, 4 warps; LSQ 1024 x 1024)", {})] + [
-    (f"activation {r} x {k}", {(t_lin, "TILE_R"): r, (t_lin, "TILE_K"): k}) for r, k in ((4, 256), (8, 128), (2, 512))
+    (f"{n}-element tiles", {(t_rms, "ROW_TILE"): n}) for n in (512, 2048)]
+ACTIVATION_VARIANTS = [("production (activation 2 x 512, 4 warps; LSQ 1024 x 1024)", {})] + [
+    (f"activation {r} x {k}", {(t_lin, "TILE_R"): r, (t_lin, "TILE_K"): k}) for r, k in ((16, 128), (4, 256), (1, 1024))
 ] + [(f"LSQ {p} programs of {b}", {(t_lin, "TARGET_PROGRAMS"): p, (t_lin, "LSQ_BLOCK"): b})
      for p, b in ((2048, 1024), (1024, 2048), (4096, 512))]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [

@@ -660,14 +660,16 @@ def test_hp_gemm_row_flags():
     assert torch.equal(flags.cpu() != 0, want)
 
 
-@pytest.mark.parametrize("window,masked,t", [(None, True, 200), (40, True, 200), (5, False, 150), (130, True, 256)],
+@pytest.mark.parametrize("window,masked,t,k", [(None, True, 200, 24), (40, True, 200, 24), (5, False, 150, 24),
+                                               (130, True, 256, 24), (40, True, 200, 16), (None, True, 130, 8)],
                          ids=str)
-def test_hp_gemm_causal_walk_is_the_tile_kernel(window, masked, t, monkeypatch):
+def test_hp_gemm_causal_walk_is_the_tile_kernel(window, masked, t, k, monkeypatch):
     """Attention's causal one-step products walk a row tile's key tiles in one program (_hp_rows_kernel): its
     output and row flags are the per-tile kernel's, every entry stored (store_unseen), with the scale, a NaN
-    query row, an overflowing product, a forced row, and query rows across a head boundary (T % 64 != 0)."""
+    query row, an overflowing product, a forced row, query rows across a head boundary (T % 64 != 0), and
+    contractions of 16 and 8 (a walk over K-steps of 16 gave wrong int8 products on the H200)."""
     g = 2
-    a, b = normal((2, g * t, 24), "walk", t), normal((2, t, 24), "walk", t, "b")
+    a, b = normal((2, g * t, k), "walk", t, k), normal((2, t, k), "walk", t, k, "b")
     a[1, 7, 2] = float("nan")
     a[0, 5, :], b[0, 3, :] = 1e30, 1e30
     sa = t_hp.operand_rows(a.to(CUDA), 3, transpose=False)

@@ -63,13 +63,13 @@ KERNELS = {
                     dict(HAS_W=True, R=1, BLOCK=2048)),
     "rmsnorm_fwd_short_rows": (rmsnorm._forward_kernel, {"x_ptr": P32, "w_ptr": P32, "y_ptr": P32, "rstd_ptr": P32,
                                                          "N": "i32", "D": "i32", "top": "i32", "inv_bits": "i64",
-                                                         "eps": "fp32"}, dict(HAS_W=False, R=16, BLOCK=128)),
+                                                         "eps": "fp32"}, dict(HAS_W=False, R=8, BLOCK=128)),
     "rmsnorm_dx": (rmsnorm._dx_kernel, {"g_ptr": P32, "x_ptr": P32, "w_ptr": P32, "rstd_ptr": P32, "dx_ptr": P32,
                                         "N": "i32", "D": "i32", "top": "i32", "inv_bits": "i64"},
                    dict(HAS_W=True, R=1, BLOCK=2048)),
     "rmsnorm_dx_short_rows": (rmsnorm._dx_kernel, {"g_ptr": P32, "x_ptr": P32, "w_ptr": P32, "rstd_ptr": P32,
                                                    "dx_ptr": P32, "N": "i32", "D": "i32", "top": "i32",
-                                                   "inv_bits": "i64"}, dict(HAS_W=False, R=16, BLOCK=128)),
+                                                   "inv_bits": "i64"}, dict(HAS_W=False, R=8, BLOCK=128)),
     "rmsnorm_dw_stats": (rmsnorm._dw_stats_kernel, {"g_ptr": P32, "x_ptr": P32, "rstd_ptr": P32, "amax_ptr": P64,
                                                     "flags_ptr": I32, "R": "i32", "D": "i32", "span": "i32"},
                          dict(ROWS=32, BLOCK=64)),
@@ -119,6 +119,7 @@ def _gemm_launch(tile: dict, **constexprs) -> tuple[dict, dict]:
 W8 = dict(num_warps=8)
 HP_CFG = dict(BM=128, BN=64, BK=128, GROUP_M=8)
 HP_OPTS = dict(aligned=("Kp", "sa", "sb"), num_warps=8, num_stages=3)
+WALK_OPTS = dict(aligned=("Kp", "sa", "sb"), num_warps=4, num_stages=2)
 DW_SIG = {"ga_ptr": I8, "hb_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "dw_ptr": P64,
           "dw32_ptr": P32, "inv_bits": "i64", "V": "i32", "D": "i32", "NB": "i32", "Kp": "i32", "sa": "i32", "sb": "i32"}
 HP_SIG = {"a_ptr": I8, "b_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I32, "badb_ptr": I32, "out_ptr": P32,
@@ -195,6 +196,13 @@ KERNELS7 = {
     "hp_gemm_band": (contraction._hp_kernel, HP_SIG, HP_OPTS,
                      dict(HAS_POST=False, CAUSAL=False, WINDOW=False, MASKED=True, STORE_UNSEEN=True, ROW_FLAGS=False, FORCE=False,
                           LONG_K=False, KBAND=1, SLICES=3, **HP_CFG)),
+    # attention's causal one-step products walking a row tile's key tiles: the logits, and a window's dP
+    "hp_walk_logits": (contraction._hp_rows_kernel, HP_SIG, WALK_OPTS,
+                       dict(HAS_POST=True, WINDOW=True, MASKED=True, STORE_UNSEEN=False, ROW_FLAGS=False, FORCE=False,
+                            SLICES=3, BM=64, BN=64, BK=128)),
+    "hp_walk_window": (contraction._hp_rows_kernel, HP_SIG, WALK_OPTS,
+                       dict(HAS_POST=False, WINDOW=True, MASKED=False, STORE_UNSEEN=False, ROW_FLAGS=True, FORCE=True,
+                            SLICES=3, BM=64, BN=64, BK=128)),
     "loss_row": (loss._row_kernel, {"buf_ptr": P32, "targets_ptr": I64, "ce_ptr": P32, "z_ptr": P32, "V": "i32",
                                     "top": "i32", "ignore_index": "i32", "z2": "fp32", "q_ptr": I8, "e_ptr": I64,
                                     "bad_ptr": I32, "plane": "i32", "Kp": "i32"}, dict(num_warps=8),
@@ -223,7 +231,7 @@ def test_issue7_no_fma_and_no_approximate_ops(compiled7):
 def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
     """wgmma s8 x s8 -> s32 (not the older mma.sync path), fed by async copies (a pipelined K loop)."""
     for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "hp_gemm_band", "hp_gemm_window",
-                 "loss_dw"):
+                 "hp_walk_logits", "hp_walk_window", "loss_dw"):
         text = compiled7[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
         assert "cp.async" in text, name
