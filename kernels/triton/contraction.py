@@ -582,7 +582,9 @@ def _causal_walk(a: Sliced, b: Sliced, out: torch.Tensor, batch: int, m: int, n:
     """hp_gemm's causal product of a one-step contraction through _hp_rows_kernel (the same tiles' bits)."""
     slices, _, kp = a.q.shape
     cfg = config(slices, "causal-walk")
-    bk = max(64, pow2_at_least(kp))  # int8 MMAs want K >= 32: a K of 16 gave wrong products on the H200
+    # the per-tile kernel's K-step (128; zeros past K add nothing): a step of 16 (a head dim of 16) gave wrong
+    # int8 products on the H200
+    bk = max(cfg["BK"], pow2_at_least(kp))
     t, window = causal
     _hp_rows_kernel[(cdiv(m, cfg["BM"]), batch)](
         a.q, b.q, a.e, b.e, a.bad, b.bad, out, post if post is not None else out,
