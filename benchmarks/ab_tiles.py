@@ -57,6 +57,11 @@ def _no_band_splits(t, k, window):
     return False
 
 
+def _global_rows_in_full(t, window):
+    """The previous global backward: dP over every tile, dS's rows read in full (windows below T keep the band)."""
+    return window is not None and window < t and t_soft.pow2_at_least(window) <= t_soft.MAX_BAND
+
+
 def _dp_every_tile(a, b, t, window, row_flags):
     """The previous dP of a sliding window: every tile computed and written."""
     return hp.hp_matmul_(a, b, row_flags=row_flags)
@@ -74,6 +79,8 @@ ATTENTION_VARIANTS = [("production (logits and dP walk key tiles: 64 x 64, 4 war
                       ("K-128 GEMMs a tile per program, 64 x 32, 4 warps, 1 stage",
                        {(hp, "CAUSAL_WALK"): False, (hp, "TILES"): {u: {"BN": 32} for u in _K128}}),
                       ("dP over every tile", {(hp, "hp_window_matmul_"): _dp_every_tile}),
+                      ("global dP over every tile, dS rows read in full",
+                       {(t_soft, "causal_backward_fits"): _global_rows_in_full}),
                       ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
                       ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits})]
 # measured and removed (docs/perf.md): each block rotated twice, in registers or through a program's own

@@ -67,16 +67,18 @@ def phases(b: int, t: int, window: int | None, dev) -> tuple[list[tuple[str, obj
     qg, gog = q.detach().reshape(b, hkv, hq // hkv * t, d), go.reshape(b, hkv, hq // hkv * t, d)
     kd, vd = k.detach(), v.detach()
     band = window if t_soft.causal_band_fits(t, window) else None
+    m = qg.shape[2]
+    reach = min(window or t, t)  # the keys a row can see: its window, or up to its diagonal (attention.forward)
+    split_band = hp.band_fits(t, m, reach)
+    # dP's tiles and dS's rows over the keys a row reaches (attention.forward's dp_window)
+    dpw = band if band else reach if split_band and t_soft.causal_backward_fits(t, reach) else None
     logits = t_att._logits(qg, kd, allowed, scale, window, band is None)
     p = t_att._probabilities(logits.clone(), True, window)
     flags = torch.zeros(gog.shape[:-1].numel(), dtype=torch.int32, device=dev)
-    dp = hp.hp_window_matmul_(gog, vd.transpose(-1, -2), t, band, flags) if band else \
+    dp = hp.hp_window_matmul_(gog, vd.transpose(-1, -2), t, dpw, flags) if dpw else \
         hp.hp_matmul_(gog, vd.transpose(-1, -2), row_flags=flags)
-    ds = t_soft.softmax_causal_backward(p, dp, band, flags) if band else t_soft.softmax_backward(p, dp, -1)
-    m = qg.shape[2]
+    ds = t_soft.softmax_causal_backward(p, dp, dpw, flags) if dpw else t_soft.softmax_backward(p, dp, -1)
     no_bad = torch.zeros(b * hkv, dtype=torch.int32, device=dev)  # finite inputs: no batch is bad
-    reach = min(window or t, t)  # the keys a row can see: its window, or up to its diagonal (attention.forward)
-    split_band = hp.band_fits(t, m, reach)
     keys = (hp.KEY_ROWS, t, reach, no_bad) if split_band else None
     queries = (hp.QUERY_ROWS, t, reach, None) if split_band else None
     steps = [("forward: logits (q and k split, causal GEMM)",
@@ -86,10 +88,10 @@ def phases(b: int, t: int, window: int | None, dev) -> tuple[list[tuple[str, obj
               lambda: t_att.pv_int8(p.reshape(b * hkv, m, t), vd.reshape(b * hkv, t, d).contiguous(), 64, True,
                                     window))]
     steps += _hp_parts("backward dV = P^T dO", p.transpose(-1, -2), gog, keys)
-    steps += _hp_parts("backward dP = dO V^T", gog, vd.transpose(-1, -2), seen=(t, band) if band else None,
+    steps += _hp_parts("backward dP = dO V^T", gog, vd.transpose(-1, -2), seen=(t, dpw) if dpw else None,
                        row_flags=flags)
     steps.append(("backward: softmax backward (dS)",
-                  (lambda: t_soft.softmax_causal_backward(p, dp, band, flags)) if band else
+                  (lambda: t_soft.softmax_causal_backward(p, dp, dpw, flags)) if dpw else
                   (lambda: t_soft.softmax_backward(p, dp, -1))))
     steps += _hp_parts("backward dQ = dS K", ds, kd, queries)
     steps += _hp_parts("backward dK = dS^T Q", ds.transpose(-1, -2), qg, keys)

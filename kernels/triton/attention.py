@@ -173,9 +173,10 @@ def _probabilities(logits: torch.Tensor, causal: bool, window: int | None,
 
 def _scores_grad(gog: torch.Tensor, v: torch.Tensor, p: torch.Tensor, window: int | None, flagged: bool):
     """(dS, flags): dS = softmax_backward(P, dP = hp_matmul_(dO, V^T)). With `flagged`, flags (int32 per row)
-    marks dP's rows that hold a non-finite entry (from the contraction), and given a sliding `window` (that
-    causal_band_fits) each row of P and dP is read over its window only, unless flagged, and dP's tiles that
-    no window reaches are not computed (contraction.hp_window_matmul_); else every row in full, and flags None."""
+    marks dP's rows that hold a non-finite entry (from the contraction), and given a `window` (a sliding one, or
+    T for a global layer's causal rows; softmax.causal_backward_fits) each row of P and dP is read over its
+    window only, unless flagged, and dP's tiles that no window reaches are not computed
+    (contraction.hp_window_matmul_); else every row in full, and flags None."""
     if not flagged:
         return t_soft.softmax_backward(p, hp.hp_matmul_(gog, v.transpose(-1, -2)), -1), None
     flags = torch.zeros(gog.shape[:-1].numel(), dtype=torch.int32, device=gog.device)
@@ -226,7 +227,10 @@ class _Attention(torch.autograd.Function):
         if banded and p_nan is None:
             p_nan = _nan_rows(p)
         ctx.save_for_backward(qg, k, v, p, scale, p_nan)
-        ctx.band_window = band_window
+        # dP over the tiles a causal row's keys reach, and dS's rows read there only: a sliding window's, or on
+        # the band path a global layer's causal prefix (window T: the rows of P above the diagonal are +0 too)
+        ctx.dp_window = band_window if band_window is not None else \
+            reach if banded and t_soft.causal_backward_fits(t, reach) else None
         ctx.band = (t, reach) if banded else None
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)
@@ -243,7 +247,7 @@ class _Attention(torch.autograd.Function):
             dv = _product(p.transpose(-1, -2), gog, band, hp.KEY_ROWS, p_bad)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             # straight-through: the unquantized softmax backward
-            ds, flags = _scores_grad(gog, v, p, ctx.band_window, ctx.band_window is not None or band is not None)
+            ds, flags = _scores_grad(gog, v, p, ctx.dp_window, ctx.dp_window is not None or band is not None)
             if ctx.needs_input_grad[0]:
                 dq = (_product(ds, k, band, hp.QUERY_ROWS) * scale).reshape(go.shape)
             if ctx.needs_input_grad[1]:

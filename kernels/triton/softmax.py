@@ -233,6 +233,14 @@ def causal_band_fits(t: int, window: int | None) -> bool:
     return band <= MAX_BAND and band < t
 
 
+def causal_backward_fits(t: int, window: int | None) -> bool:
+    """Whether softmax_causal_backward reads a causal row's seen keys only (else every entry): for a window of
+    any length (T or more: a global row, keys 0..i) whose band of pow2_at_least(min(window, T)) lanes fits
+    MAX_BAND. Unlike the forward's causal_band_fits, a band as long as the row pays here: dP need not be
+    written above the diagonal (contraction.hp_window_matmul_), and its rows are read up to the diagonal only."""
+    return window is not None and pow2_at_least(min(window, t)) <= MAX_BAND
+
+
 def softmax_causal_(x: torch.Tensor, window: int | None, row_nan: torch.Tensor | None = None) -> torch.Tensor:
     """ref.softmax_ of causal attention logits x [..., T, T] (rows: queries at row % T) whose unseen entries are
     -inf. When causal_band_fits, those entries are not read, so a caller may leave them unwritten, and row_nan
@@ -257,12 +265,12 @@ def softmax_causal_(x: torch.Tensor, window: int | None, row_nan: torch.Tensor |
 
 def softmax_causal_backward(y: torch.Tensor, g: torch.Tensor, window: int | None,
                             g_flags: torch.Tensor) -> torch.Tensor:
-    """ref.softmax_backward(y, g, -1) for y = softmax_causal_(x, window), up to the sign of dx's zeros outside a
-    row's window (see _causal_backward_kernel; hp splits cannot see it). g_flags: int32 per row of g, non-zero
+    """ref.softmax_backward(y, g, -1) for y = softmax_causal_(x, window) (or softmax_ of causal logits, the window
+    T or more for a global layer), up to the sign of dx's zeros outside a row's window (see _causal_backward_kernel; hp splits cannot see it). g_flags: int32 per row of g, non-zero
     where that row holds a non-finite entry (contraction.hp_matmul_(..., row_flags=)); such rows are read in full,
     the others over their window only (contraction.hp_window_matmul_ leaves the rest of g unwritten)."""
     t = y.shape[-1]
-    if not causal_band_fits(t, window):
+    if not causal_backward_fits(t, window):
         return softmax_backward(y, g, -1)
     if not (_usable(y) and on_triton(g) and g.dtype == F32 and g.shape == y.shape and y.is_contiguous()
             and g.is_contiguous() and y.shape[-2] % t == 0 and g_flags.numel() == y.numel() // t):
@@ -272,7 +280,7 @@ def softmax_causal_backward(y: torch.Tensor, g: torch.Tensor, window: int | None
                          f"{tuple(g.shape)} on {g.device}, {g_flags.numel()} flags")
     dx = torch.empty_like(y)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
-    _causal_backward_kernel[(y.numel() // t,)](y, g, dx, g_flags, t, window, top, BAND=pow2_at_least(window),
+    _causal_backward_kernel[(y.numel() // t,)](y, g, dx, g_flags, t, window, top, BAND=pow2_at_least(min(window, t)),
                                               BLOCK=_block(t), num_warps=8, **BR_OPTIONS)
     return dx
 

@@ -417,12 +417,13 @@ def test_softmax_causal_reads_seen_keys_only(heads, t, window):
     assert mismatches(twin, r_soft.softmax_(masked, -1)) == 0
 
 
-@pytest.mark.parametrize("heads,t,window", [(2, 33, 5), (2, 200, 40), (1, 70, 64),
-                                             pytest.param(4, 2048, 512, marks=gpu_only)], ids=str)
+@pytest.mark.parametrize("heads,t,window", [(2, 33, 5), (2, 200, 40), (1, 70, 64), (2, 33, 33), (2, 200, 256),
+                                             pytest.param(4, 2048, 512, marks=gpu_only),
+                                             pytest.param(2, 2048, 2048, marks=gpu_only)], ids=str)
 def test_softmax_causal_backward_reads_the_window(heads, t, window):
-    """dS of a sliding-window row from its window alone: the reference's bits, but for the sign of the zeros
-    outside the window (what the hp splits of dS cannot see); rows whose g holds a non-finite entry (flagged)
-    are read in full and match to the bit. y has a NaN row (a NaN logit); g a NaN, a +inf outside the window and
+    """dS of a sliding-window row from its window alone (a window of T or more: a global layer's causal row,
+    keys 0..i): the reference's bits, but for the sign of the zeros outside the window (what the hp splits of
+    dS cannot see); rows whose g holds a non-finite entry (flagged) are read in full and match to the bit. y has a NaN row (a NaN logit); g a NaN, a +inf outside the window and
     a -inf inside, and NaN outside the windows of its unflagged rows (what the kernel must not read)."""
     x = normal((heads * t, t), "smb-causal", t, window, std=4.0)
     allowed = r_att.allowed_keys(t, True, window).repeat(heads, 1)
@@ -704,9 +705,14 @@ def test_hp_window_matmul(case):
         a[1, 0, 300, 3] = float("nan")
     if case == "inf-key":
         v[0, 0, 200, 5] = float("inf")
-    if case in ("overflow", "large"):
-        a[1, 0, 10] *= 2.0 ** 100 if case == "overflow" else 2.0 ** 98  # "large": exponents ~100 + ~22 >= 120
-        v[1, 0, 5] *= 2.0 ** 30 if case == "overflow" else 2.0 ** 20
+    if case == "overflow":  # a[1, 0, 10] . v[1, 0, 5] = |v5|^2 2^130: past float32 for every seed (a random
+        a[1, 0, 10] = v[1, 0, 5] * 2.0 ** 100  # row instead left a product under 2^128 for ~3% of them)
+        v[1, 0, 5] *= 2.0 ** 30
+    if case == "large":  # exponents at least 100 + 22 (the bound's 127 - 5), whatever the seed; products ~2^122
+        a[1, 0, 10] *= 2.0 ** 98
+        a[1, 0, 10, 0] = 1.5 * 2.0 ** 99
+        v[1, 0, 5] *= 2.0 ** 20
+        v[1, 0, 5, 0] = 1.5 * 2.0 ** 21
     vt = v.transpose(-1, -2)
     flags = torch.zeros(bsz * g * t, dtype=torch.int32, device=CUDA)
     out = t_hp.hp_window_matmul_(a.to(CUDA), vt.to(CUDA), t, window, flags).cpu()
