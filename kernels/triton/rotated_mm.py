@@ -16,7 +16,7 @@ import triton.language as tl
 
 from kernels.ref import hadamard as ref_had, rotated_mm as ref
 from kernels.triton.hadamard import MAX_L, butterfly_parts, deal, gather, split_length
-from kernels.triton.ieee import div_rn, isfinite, rint
+from kernels.triton.ieee import div_rn, isfinite, nan_f64, rint
 from kernels.triton.intmm import gemm
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton
 
@@ -50,7 +50,8 @@ def _operand_values(src_ptr, r, live, c, C, s_row, s_col, pre_ptr, pre_stride, P
 @triton.jit
 def _rotate_block(src_ptr, r, live, c0, C, Kp, s_row, s_col, pre_ptr, pre_stride, tmp_ptr, PRE: tl.constexpr,
                   P: tl.constexpr, LOG_P: tl.constexpr, S: tl.constexpr, LOG_S: tl.constexpr, R: tl.constexpr):
-    """Hadamard block [c0, c0 + P S) of rows r, rotated into tmp [rows, Kp]: (largest |rotated| per row, flags).
+    """Hadamard block [c0, c0 + P S) of rows r, rotated into tmp [rows, Kp]: (largest |rotated| per row, flags,
+    1 where a rotated value is NaN: finite inputs can overflow to inf in a stage and give inf - inf next).
 
     Index c0 + j P + i: the block is loaded as one tile and dealt into P parts (i) in registers for the stages
     h < P; the stages h >= P run across S parts (j) read back from tmp: butterfly's stages, in its order.
@@ -70,11 +71,13 @@ def _rotate_block(src_ptr, r, live, c0, C, Kp, s_row, s_col, pre_ptr, pre_stride
     parts = butterfly_parts(parts, S, LOG_S)
     tl.debug_barrier()  # in place: a part held by several threads is read by all of them before any writes it
     big = tl.zeros([R, P], tl.float32)
+    nan = tl.zeros([R, P], tl.int32)
     for j in tl.static_range(S):
         c = c0 + j * P + i
         big = tl.maximum(big, tl.abs(parts[j]))
+        nan = nan | (parts[j] != parts[j]).to(tl.int32)  # max on the GPU drops a NaN (maxNum); torch.amax keeps it
         tl.store(rows + c[None, :], parts[j], mask=live[:, None] & (c < Kp)[None, :])
-    return tl.max(big, axis=1), tl.max(f, axis=1)
+    return tl.max(big, axis=1), tl.max(f, axis=1), tl.max(nan, axis=1)
 
 
 @triton.jit(do_not_specialize=["rows", "C"])
@@ -90,11 +93,15 @@ def _rotate_quantize_kernel(src_ptr, s_row, s_col, rows, C, Kp, pre_ptr, pre_str
     amax = tl.zeros([R], tl.float32)
     bad = tl.zeros([R], tl.int32)
     if ROTATE:
+        nan = tl.zeros([R], tl.int32)
         for c0 in range(0, Kp, P * S):
-            m, b = _rotate_block(src_ptr, r, live, c0, C, Kp, s_row, s_col, pre_ptr, pre_stride, tmp_ptr, PRE,
-                                 P, LOG_P, S, LOG_S, R)
+            m, b, n = _rotate_block(src_ptr, r, live, c0, C, Kp, s_row, s_col, pre_ptr, pre_stride, tmp_ptr, PRE,
+                                    P, LOG_P, S, LOG_S, R)
             amax = tl.maximum(amax, m)
             bad = bad | b
+            nan = nan | n
+        # the reference's amax of a row holding a NaN is NaN, so its step is 1 (symmetric_step)
+        amax = tl.where(nan != 0, nan_f64().to(tl.float32), amax)
         tl.debug_barrier()  # the codes' loads below may lay the rows over other threads than the stores did
     else:
         for c0 in range(0, Kp, L):

@@ -551,6 +551,21 @@ def test_rotated_int8_mm(r, c, s, rotate, block):
         assert mismatches(t_rot.rotated_int8_mm(aa.to(CUDA), bb.to(CUDA), rotate=rotate, block=block), want) == 0
 
 
+@pytest.mark.parametrize("block", [16, 256])
+def test_rotated_int8_mm_rotation_overflow(block):
+    """Finite operands whose rotation overflows: four values of 3e38 in one block give inf in the first stage and
+    inf - inf = NaN in the next, so the reference's amax of that row (a's row 4, b's column 6) is NaN and its
+    step 1, while a GPU max drops a NaN; other rows stay as they were. Both layouts of each operand."""
+    a, b = normal((20, 300), "rot-of", block), normal((300, 9), "rot-of", block, "b")
+    a[4, 32:36] = 3e38
+    b[64:68, 6] = -3e38
+    a[7, 40:42] = 3e38  # overflows to +-inf only: an amax of inf, a step of inf
+    want = r_rot.rotated_int8_mm(a, b, rotate=True, block=block)
+    assert bool(torch.isfinite(want[4]).all())  # finite inputs: no row is flagged bad, the codes carry it
+    for aa, bb in ((a, b), (a.t().contiguous().t(), b.t().contiguous().t())):
+        assert mismatches(t_rot.rotated_int8_mm(aa.to(CUDA), bb.to(CUDA), rotate=True, block=block), want) == 0
+
+
 @pytest.mark.parametrize("shape,n,wdtype,rotate", [((1, 8), 16, torch.float32, True),
                                                    ((2, 3, 33), 20, torch.float32, True),
                                                    ((96, 160), 200, torch.float32, False),
