@@ -229,8 +229,9 @@ class _Attention(torch.autograd.Function):
         ctx.save_for_backward(qg, k, v, p, scale, p_nan)
         # dP over the tiles a causal row's keys reach, and dS's rows read there only: a sliding window's, or on
         # the band path a global layer's causal prefix (window T: the rows of P above the diagonal are +0 too)
-        ctx.dp_window = band_window if band_window is not None else \
-            reach if banded and t_soft.causal_backward_fits(t, reach) else None
+        ctx.dp_window = band_window
+        if band_window is None and banded and t_soft.causal_backward_fits(t, reach):
+            ctx.dp_window = reach
         ctx.band = (t, reach) if banded else None
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)

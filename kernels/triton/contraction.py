@@ -500,11 +500,8 @@ def _hp_rows_kernel(a_ptr, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, p
                          batch, rm, a_rows, a_live, forced, nt, N, Kp, sb, T, window, HAS_POST, WINDOW, MASKED,
                          STORE_UNSEEN, ROW_FLAGS, True, SLICES, BM, BN, BK)
     if STORE_UNSEEN:  # the tiles outside [lo, hi) hold no seen entry (nor a forced row): -inf, as _hp_kernel's
-        for nt in range(0, lo):
-            _causal_row_tile(a0, a1, a2, a3, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr,
-                             flags_ptr, batch, rm, a_rows, a_live, forced, nt, N, Kp, sb, T, window, HAS_POST,
-                             WINDOW, MASKED, STORE_UNSEEN, ROW_FLAGS, False, SLICES, BM, BN, BK)
-        for nt in range(hi, nt_all):
+        for u in range(0, nt_all - (hi - lo)):
+            nt = tl.where(u < lo, u, u + (hi - lo))  # [0, lo), then [hi, nt_all)
             _causal_row_tile(a0, a1, a2, a3, b_ptr, ea_ptr, eb_ptr, bada_ptr, badb_ptr, out_ptr, post_ptr,
                              flags_ptr, batch, rm, a_rows, a_live, forced, nt, N, Kp, sb, T, window, HAS_POST,
                              WINDOW, MASKED, STORE_UNSEEN, ROW_FLAGS, False, SLICES, BM, BN, BK)

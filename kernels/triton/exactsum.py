@@ -106,12 +106,11 @@ def accumulate(g: torch.Tensor, limbs: torch.Tensor, bad: torch.Tensor, fresh: b
 
 
 def result(src: torch.Tensor, bad: torch.Tensor | None, scale: float, pending: bool,
-           shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    """ExactSum.result(scale) as float32 [*shape] (bad's shape when given): from the single pending partial `src`
-    (pending=True) or from the int64 limbs `src` [3, *shape]; `bad` None stands for zeros (no pass over them).
-    Does not touch `bad` (the eager path's update of it there is added again when the partial is flushed:
-    x + c + c == x + c for every stand-in c)."""
-    shape = tuple(bad.shape) if bad is not None else tuple(shape)
+           shape: tuple[int, ...]) -> torch.Tensor:
+    """ExactSum.result(scale) as float32 [*shape]: from the single pending partial `src` (pending=True) or from
+    the int64 limbs `src` [3, *shape]; `bad` None stands for zeros (no pass over them). Does not touch `bad`
+    (the eager path's update of it there is added again when the partial is flushed: x + c + c == x + c for
+    every stand-in c)."""
     out = torch.empty(shape, dtype=torch.float32, device=src.device)
     n = out.numel()
     if bad is not None and bad.numel() != n:

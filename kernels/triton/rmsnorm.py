@@ -1,8 +1,9 @@
 """Triton twin of kernels/ref/rmsnorm.py: y = (x * rstd) * w, rstd = rsqrt(mean(x^2) + eps), and its backward.
 
 A program takes one row (or, for short rows, several: ROW_TILE elements): the exact fixed-point mean takes
-two passes (largest square, then the int64 sum), a third writes the output. dweight sums over every row exactly: column splits report their largest
-product, then their int64 sums at the column's scale, then a last kernel adds the splits and rounds.
+two passes (largest square, then the int64 sum), a third writes the output. dweight sums over every row
+exactly: column splits report their largest product, then their int64 sums at the column's scale, then a
+last kernel adds the splits and rounds.
 """
 from __future__ import annotations
 

@@ -266,9 +266,10 @@ def softmax_causal_(x: torch.Tensor, window: int | None, row_nan: torch.Tensor |
 def softmax_causal_backward(y: torch.Tensor, g: torch.Tensor, window: int | None,
                             g_flags: torch.Tensor) -> torch.Tensor:
     """ref.softmax_backward(y, g, -1) for y = softmax_causal_(x, window) (or softmax_ of causal logits, the window
-    T or more for a global layer), up to the sign of dx's zeros outside a row's window (see _causal_backward_kernel; hp splits cannot see it). g_flags: int32 per row of g, non-zero
-    where that row holds a non-finite entry (contraction.hp_matmul_(..., row_flags=)); such rows are read in full,
-    the others over their window only (contraction.hp_window_matmul_ leaves the rest of g unwritten)."""
+    T or more for a global layer), up to the sign of dx's zeros outside a row's window (see
+    _causal_backward_kernel; hp splits cannot see it). g_flags: int32 per row of g, non-zero where that row
+    holds a non-finite entry (contraction.hp_matmul_(..., row_flags=)); such rows are read in full, the others
+    over their window only (contraction.hp_window_matmul_ leaves the rest of g unwritten)."""
     t = y.shape[-1]
     if not causal_backward_fits(t, window):
         return softmax_backward(y, g, -1)
@@ -280,8 +281,9 @@ def softmax_causal_backward(y: torch.Tensor, g: torch.Tensor, window: int | None
                          f"{tuple(g.shape)} on {g.device}, {g_flags.numel()} flags")
     dx = torch.empty_like(y)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
-    _causal_backward_kernel[(y.numel() // t,)](y, g, dx, g_flags, t, window, top, BAND=pow2_at_least(min(window, t)),
-                                              BLOCK=_block(t), num_warps=8, **BR_OPTIONS)
+    _causal_backward_kernel[(y.numel() // t,)](y, g, dx, g_flags, t, window, top,
+                                              BAND=pow2_at_least(min(window, t)), BLOCK=_block(t), num_warps=8,
+                                              **BR_OPTIONS)
     return dx
 
 

@@ -423,8 +423,9 @@ def test_softmax_causal_reads_seen_keys_only(heads, t, window):
 def test_softmax_causal_backward_reads_the_window(heads, t, window):
     """dS of a sliding-window row from its window alone (a window of T or more: a global layer's causal row,
     keys 0..i): the reference's bits, but for the sign of the zeros outside the window (what the hp splits of
-    dS cannot see); rows whose g holds a non-finite entry (flagged) are read in full and match to the bit. y has a NaN row (a NaN logit); g a NaN, a +inf outside the window and
-    a -inf inside, and NaN outside the windows of its unflagged rows (what the kernel must not read)."""
+    dS cannot see); rows whose g holds a non-finite entry (flagged) are read in full and match to the bit.
+    y has a NaN row (a NaN logit); g a NaN, a +inf outside the window and a -inf inside, and NaN outside the
+    windows of its unflagged rows (what the kernel must not read)."""
     x = normal((heads * t, t), "smb-causal", t, window, std=4.0)
     allowed = r_att.allowed_keys(t, True, window).repeat(heads, 1)
     x[1, 0] = float("nan")
