@@ -7,7 +7,7 @@ ratios.
 
     python benchmarks/ab_tiles.py [--ops loss attention attention-window split rotate-rows rotate-columns
                                    rotate-rebuilt int8-gemm pv rmsnorm activation]
-                                  [--out benchmarks/results/ab_tiles.json]
+                                  [--variants TEXT ...] [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
 
 Shapes: the open-1b proxy's head (8,192 tokens, d 2048, vocab 128,256), one attention layer (4 windows of
@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,6 +38,16 @@ from kernels.ref import hadamard as ref_had  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, loss as t_loss, softmax as t_soft  # noqa: E402
 from kernels.triton import int8_linear as t_lin, intmm as t_mm, rmsnorm as t_rms, rotated_mm as t_rot  # noqa: E402
 
+# measured and removed (docs/perf.md): a split's 32 rows addressed per tile where they share a batch, so that a
+# transposed operand's loads run along its contiguous rows, 16 bytes wide (attention 0.94-0.96x, the loss 1.00x)
+# the split kernels as launched before K, T and lim were specialized (the same Python functions; the band
+# split's K-block loop is today's)
+_UNSPECIALIZED = ("splits with K, T and lim unspecialized (the previous launch)", {
+    (hp, "_split_stats_kernel"): triton.jit(do_not_specialize=["rows", "K", "RB", "lim", "SEG"])(
+        hp._split_stats_kernel.fn),
+    (hp, "_split_kernel"): triton.jit(do_not_specialize=["rows", "K", "RB", "lim", "SEG", "NSEG"])(hp._split_kernel.fn),
+    (hp, "_band_split_kernel"): triton.jit(do_not_specialize=["rows", "K", "RB", "T", "window"])(
+        hp._band_split_kernel.fn)})
 # (name, {(module, attribute): value}): what a variant sets on the modules for its run; each list's first
 # entry is production (nothing set). All are free choices for the bits.
 LOSS_VARIANTS = [("production (rows 2048 x 8 warps; head/dW 128 x 64 x 128, 3 stages)", {})] + [
@@ -44,7 +55,8 @@ LOSS_VARIANTS = [("production (rows 2048 x 8 warps; head/dW 128 x 64 x 128, 3 st
     for blk, w in ((4096, 16), (512, 4))] + [
     (f"{use} {bm} x {bn} x {bk}, {w} warps, {st} stages",
      {(hp, "TILES"): {use: dict(BM=bm, BN=bn, BK=bk, num_warps=w, num_stages=st)}})
-    for use, (bm, bn, bk, w, st) in (("head", (128, 64, 64, 8, 4)), ("dw", (64, 64, 128, 4, 2)))]
+    for use, (bm, bn, bk, w, st) in (("head", (128, 64, 64, 8, 4)), ("dw", (64, 64, 128, 4, 2)))] + [
+    _UNSPECIALIZED]
 
 
 def _no_band(t, window):
@@ -82,7 +94,8 @@ ATTENTION_VARIANTS = [("production (logits and dP walk key tiles: 64 x 64, 4 war
                       ("global dP over every tile, dS rows read in full",
                        {(t_soft, "causal_backward_fits"): _global_rows_in_full}),
                       ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
-                      ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits})]
+                      ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits}),
+                      _UNSPECIALIZED]
 # measured and removed (docs/perf.md): each block rotated twice, in registers or through a program's own
 # scratch, instead of once through a row-long one; x_hat and w_hat from the forward's int8 codes;
 # for rows contiguous in memory, one row a thread with coalesced loads and the low-to-high stage change
@@ -122,7 +135,7 @@ ACTIVATION_VARIANTS = [("production (activation 2 x 512, 4 warps; LSQ 1024 x 102
      for p, b in ((2048, 1024), (1024, 2048), (4096, 512))]
 SPLIT_VARIANTS = [("production (32 x 64, 8 warps)", {})] + [
     (f"{r} x {k}, {w} warps", {(hp, "SPLIT_R"): r, (hp, "SPLIT_K"): k, (hp, "SPLIT_WARPS"): w})
-    for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))]
+    for r, k, w in ((32, 128, 8), (16, 64, 8), (32, 64, 4), (64, 64, 8), (32, 32, 8))] + [_UNSPECIALIZED]
 
 
 def _cases(n: int, d: int, v: int, b: int, t: int, dev):
@@ -274,6 +287,8 @@ def main(argv=None) -> int:
     ops = ("loss", "attention", "attention-window", "split", "rotate-rows", "rotate-columns", "rotate-rebuilt",
            "int8-gemm", "pv", "rmsnorm", "activation")
     ap.add_argument("--ops", nargs="+", choices=ops, default=ops, help="which sweeps to run")
+    ap.add_argument("--variants", nargs="+", metavar="TEXT",
+                    help="run only the variants whose names contain one of these (production always runs)")
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = (300, 40, 77, 1, 40) if args.smoke else (8192, 2048, 128256, 4, 2048)
@@ -289,6 +304,8 @@ def main(argv=None) -> int:
         want = [x.detach().clone() for x in fn()]
         base_ms = None
         for name, sets in variants:
+            if sets and args.variants and not any(text in name for text in args.variants):
+                continue
             try:
                 same = all(bits_equal(a, b) for a, b in zip(_with(sets, fn), want))
             except Exception as exc:  # e.g. a tile whose pipeline does not fit in shared memory: say so, go on

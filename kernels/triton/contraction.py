@@ -48,7 +48,9 @@ def _split_stats(base, b, live, k_lo, k_hi, K, lim, s_col, R: tl.constexpr, BK: 
     return tl.max(amax, 1), bad
 
 
-@triton.jit(do_not_specialize=["rows", "K", "RB", "lim", "SEG"])
+# K and lim are specialized (a multiple of 16 is the common case: d, a vocabulary, a token block): masks and
+# offsets built from them are then visibly 16-aligned, and the loads along a row run 16 bytes wide
+@triton.jit(do_not_specialize=["rows", "RB", "SEG"])
 def _split_stats_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, lim, SEG, part_ptr, badp_ptr,
                         R: tl.constexpr, BK: tl.constexpr):
     """The statistics of segment program_id(1) (SEG blocks of BK) of R rows -> part, badp [segments, rows]."""
@@ -63,7 +65,7 @@ def _split_stats_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, lim, SEG, par
     tl.store(badp_ptr + seg * rows + r, bad, mask=live)
 
 
-@triton.jit(do_not_specialize=["rows", "K", "RB", "lim", "SEG", "NSEG"])
+@triton.jit(do_not_specialize=["rows", "RB", "SEG", "NSEG"])  # K and lim specialized: as _split_stats_kernel
 def _split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, lim, Kp, SEG, NSEG, part_ptr, badp_ptr, q_ptr, e_ptr,
                   bad_ptr, STATS: tl.constexpr, SLICES: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
     """Row r = (batch b, row i) of an operand, element k at x + b s_batch + i s_row + k s_col, valid for
@@ -132,7 +134,9 @@ def band_span(row0, T, K, window, KBAND: tl.constexpr):
     return lo, hi, nseg
 
 
-@triton.jit(do_not_specialize=["rows", "K", "RB", "T", "window"])
+# K and T specialized (multiples of 128 on the band path) and K ranges stepped as block indices: loads and
+# int8 stores run wide (docs/perf.md: attention ~7% faster a layer)
+@triton.jit(do_not_specialize=["rows", "RB", "window"])
 def _band_split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, Kp, T, window, bbad_ptr, q_ptr, e_ptr, bad_ptr,
                        KBAND: tl.constexpr, BATCH_BAD: tl.constexpr, SLICES: tl.constexpr, R: tl.constexpr,
                        BK: tl.constexpr):
@@ -157,8 +161,8 @@ def _band_split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, Kp, T, window,
     scale = pow2(6 - e)[:, None]
     plane = rows.to(tl.int64) * Kp
     for s in range(0, nseg):
-        for k0 in range(s * T + lo, s * T + hi, BK):
-            k = k0 + tl.arange(0, BK)
+        for kb in range((s * T + lo) // BK, (s * T + hi) // BK):  # ranges are BAND_ALIGN multiples (band_split)
+            k = kb * BK + tl.arange(0, BK)  # visibly a multiple of BK: aligned, wide stores
             x = _split_load(base, b, k, live, K, lim, s_col)
             store_slices(x, scale, q_ptr + r[:, None] * Kp + k[None, :], plane, live[:, None] & (k < Kp)[None, :],
                          SLICES)
@@ -620,7 +624,7 @@ def band_split(x: torch.Tensor, kind: int, t: int, window: int, batch_bad: torch
     x3 = x.reshape(-1, *x.shape[-2:])
     bsz, rb, k = x3.shape
     if (not band_fits(t, k, window) or rb % BAND_ALIGN.value or BAND_ALIGN.value % SPLIT_R
-            or (kind == KEY_ROWS and k % t)):
+            or BAND_ALIGN.value % SPLIT_K or (kind == KEY_ROWS and k % t)):
         raise ValueError(f"band_split: argument 'x' {tuple(x.shape)} is not a banded operand for T {t}, "
                          f"window {window}")
     out = empty_sliced(bsz * rb, k, ref.DEFAULT_SLICES, x.device)

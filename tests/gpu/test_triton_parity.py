@@ -661,6 +661,47 @@ def test_hp_matmul(sa, sb, slices):
     assert mismatches(t_hp.hp_matmul_(a.to(CUDA), bt.to(CUDA), slices), r_hp.hp_matmul_(a, b, slices)) == 0
 
 
+@pytest.mark.parametrize("k", [40, 48, 1000], ids=str)
+def test_split_is_the_reference(k):
+    """hp.split (operand_rows) gives ref.split_rows' slices and exponents, and flags the rows holding a NaN or an
+    infinity, for a transposed operand (rows contiguous in memory, K strided: attention's P^T and dS^T, the
+    head's dW operands) and a row-major one, three batches, K a multiple of 16 (K and lim specialized: wide
+    loads) or not, and K cut into segments (1000: few rows, so _split_stats_kernel runs first)."""
+    xt = wide((3, k, 64), "split", k)  # transposed: 64 rows (its columns) a batch, K = k
+    xr = wide((3, 64, k), "split", k, "r")
+    for x in (xt, xr):
+        x[0, 5, 7], x[1, 2, 30], x[2, 9, 3] = float("nan"), float("inf"), -float("inf")
+        x[2, :, 33] = 0.0
+        x[2, 33, :] = 0.0
+    for x, transpose in ((xt, True), (xr, False)):
+        rows = x.transpose(-1, -2) if transpose else x
+        want_q, want_e = r_hp.split_rows(rows, 3)
+        got = t_hp.operand_rows(x.to(CUDA), 3, transpose)
+        for i in range(3):
+            assert mismatches(got.q[i, :, :k], want_q[i].reshape(-1, k)) == 0, (transpose, i)
+        assert torch.equal(got.e.cpu(), want_e.reshape(-1)), transpose
+        assert torch.equal(got.bad.cpu() != 0, (~torch.isfinite(rows)).any(-1).reshape(-1)), transpose
+
+
+@pytest.mark.parametrize("kind", ["keys", "queries"])
+def test_band_split_product(kind):
+    """hp_band_matmul_ (band_split: K and T specialized, K ranges stepped as blocks) gives the reference's
+    product for a banded P^T dO (key rows) or dS K (query rows), with a NaN and an infinity inside the band."""
+    bsz, g, t, d, window = 2, 2, 256, 16, 100
+    i = torch.arange(g * t).remainder(t)[:, None]
+    j = torch.arange(t)[None, :]
+    seen = (j <= i) & (i < j + window)
+    p = torch.where(seen, wide((bsz, 1, g * t, t), "band-split", kind), torch.zeros(()))
+    p[0, 0, 300, 40], p[1, 0, 20, 10] = float("nan"), float("inf")  # seen: key j <= query i < j + window
+    if kind == "keys":
+        a, b, band = p.transpose(-1, -2), normal((bsz, 1, g * t, d), "band-split", "b"), t_hp.KEY_ROWS
+    else:
+        a, b, band = p, normal((bsz, 1, t, d), "band-split", "b"), t_hp.QUERY_ROWS
+    got = t_hp.hp_band_matmul_(a.to(CUDA), b.to(CUDA), band, t, window)
+    assert mismatches(got, r_hp.hp_matmul_(a, b)) == 0
+    assert bool(torch.isnan(got.cpu()).any())
+
+
 def test_hp_gemm_row_flags():
     """hp_gemm(..., row_flags=) flags exactly the output rows holding a NaN or an infinity: a NaN row of A (in
     the second batch), one product overflowing float32 (row 5 of the first), rows past a tile's edge."""

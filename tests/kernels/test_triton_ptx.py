@@ -130,6 +130,15 @@ HP_SIG = {"a_ptr": I8, "b_ptr": I8, "ea_ptr": I64, "eb_ptr": I64, "bada_ptr": I3
 SPLIT_SIG = {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col": "i32", "rows": "i32", "K": "i32",
              "lim": "i32", "Kp": "i32", "SEG": "i32", "NSEG": "i32", "part_ptr": P64, "badp_ptr": I32, "q_ptr": I8,
              "e_ptr": I64, "bad_ptr": I32}
+BAND_SIG = {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col": "i32", "rows": "i32", "K": "i32",
+            "Kp": "i32", "T": "i32", "window": "i32", "bbad_ptr": I32, "q_ptr": I8, "e_ptr": I64, "bad_ptr": I32}
+SPLIT_ALIGNED = dict(aligned=("s_batch", "s_row", "K", "lim", "Kp", "T"), num_warps=8)
+
+
+def _without(sig: dict, name: str) -> dict:
+    return {k: v for k, v in sig.items() if k != name}
+
+
 # issue 7: the int8, Hadamard, embedding, contraction and loss twins
 KERNELS7 = {
     "int8_mm": (intmm._gemm_kernel, {**GEMM_SIG, "out_ptr": I32},
@@ -172,10 +181,12 @@ KERNELS7 = {
                          dict(NONFINITE=True, S_POW2=4, BLOCK=1024)),
     "hp_split": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=False, SLICES=3, R=32, BK=64)),
     "hp_split_segments": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=True, SLICES=3, R=32, BK=64)),
-    "hp_band_split": (contraction._band_split_kernel,
-                      {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32", "s_col": "i32", "rows": "i32",
-                       "K": "i32", "Kp": "i32", "T": "i32", "window": "i32", "bbad_ptr": I32, "q_ptr": I8,
-                       "e_ptr": I64, "bad_ptr": I32}, W8, dict(KBAND=1, BATCH_BAD=True, SLICES=3, R=32, BK=64)),
+    "hp_band_split": (contraction._band_split_kernel, BAND_SIG, W8, dict(KBAND=1, BATCH_BAD=True, SLICES=3, R=32, BK=64)),
+    # row-major splits as launched: s_col = 1 (specialized to a constant), sizes multiples of 16
+    "hp_split_rows": (contraction._split_kernel, _without(SPLIT_SIG, "s_col"), SPLIT_ALIGNED,
+                      dict(s_col=1, STATS=False, SLICES=3, R=32, BK=64)),
+    "hp_band_split_rows": (contraction._band_split_kernel, _without(BAND_SIG, "s_col"), SPLIT_ALIGNED,
+                           dict(s_col=1, KBAND=2, BATCH_BAD=True, SLICES=3, R=32, BK=64)),
     "hp_split_stats": (contraction._split_stats_kernel, {"x_ptr": P32, "s_batch": "i32", "RB": "i32", "s_row": "i32",
                                                          "s_col": "i32", "rows": "i32", "K": "i32", "lim": "i32",
                                                          "SEG": "i32", "part_ptr": P64, "badp_ptr": I32}, W8,
@@ -237,6 +248,19 @@ def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
         text = compiled7[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
         assert "cp.async" in text, name
+
+
+def test_issue7_row_splits_load_16_bytes(compiled7):
+    """A row-major split (K contiguous, K and lim or T multiples of 16 and specialized) loads 4 floats an
+    instruction and stores its int8 slices at least 8 bytes at a time: the masks and K offsets are visibly
+    16-aligned. With K unspecialized (the previous launch) every load was one float and the band split's
+    stores one byte."""
+    for kernel, sizes in ((contraction._split_kernel, {"K", "lim"}), (contraction._split_stats_kernel, {"K", "lim"}),
+                          (contraction._band_split_kernel, {"K", "T"})):  # the launch specializes them
+        assert not sizes & {p.name for p in kernel.params if p.do_not_specialize}, kernel.fn.__name__
+    for name in ("hp_split_rows", "hp_band_split_rows"):
+        assert re.search(r"ld\.global(\.[a-z]+)*\.v4\.b32", compiled7[name]), name
+        assert not re.search(r"st\.global(\.[a-z]+)*\.b8", compiled7[name]), name
 
 
 def test_issue7_pv_runs_on_int8_tensor_cores(compiled7):
