@@ -1,6 +1,6 @@
 """`python -m app audit <command>`: parses arguments and delegates to replay/; no logic lives here.
 
-`add_audit(sub)` adds the `audit` group to app/cli.py's subparsers. Subcommands: replay, batch, coverage.
+`add_audit(sub)` adds the `audit` group to app/cli.py's subparsers. Subcommands: replay, batch, coverage, compare.
 """
 from __future__ import annotations
 
@@ -68,9 +68,25 @@ def add_batch_commands(asub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_coverage)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from replay.compare import compare_main
+    return compare_main(args.a, args.b)
+
+
+def add_compare_command(asub: argparse._SubParsersAction) -> None:
+    """`audit compare`."""
+    c = asub.add_parser("compare", help="two hash logs of a run: IDENTICAL, SAME TRAJECTORY (only the code version "
+                                        "and the hashes that include it differ) or DIFFERENT (first step, fields)",
+                        description="Exit status: 0 IDENTICAL, 3 SAME TRAJECTORY, 1 DIFFERENT, 2 refused input.")
+    c.add_argument("a", help="run directory or hash log file")
+    c.add_argument("b", help="run directory or hash log file")
+    c.set_defaults(func=_compare)
+
+
 def add_audit(sub: argparse._SubParsersAction) -> None:
     """The `audit` group."""
-    audit = sub.add_parser("audit", help="replay steps and certify a run: replay, batch, coverage")
+    audit = sub.add_parser("audit", help="replay steps and certify a run: replay, batch, coverage, compare")
     asub = audit.add_subparsers(dest="audit_cmd", required=True)
     add_replay_command(asub)
     add_batch_commands(asub)
+    add_compare_command(asub)
