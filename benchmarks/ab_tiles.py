@@ -38,10 +38,10 @@ from kernels.ref import hadamard as ref_had  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, loss as t_loss, softmax as t_soft  # noqa: E402
 from kernels.triton import int8_linear as t_lin, intmm as t_mm, rmsnorm as t_rms, rotated_mm as t_rot  # noqa: E402
 
-# measured and removed (docs/perf.md): a split's 32 rows addressed per tile where they share a batch, so that a
-# transposed operand's loads run along its contiguous rows, 16 bytes wide (attention 0.94-0.96x, the loss 1.00x)
-# the split kernels as launched before K, T and lim were specialized (the same Python functions; the band
-# split's K-block loop is today's)
+# The split kernels as launched before K, T and lim were specialized (the same Python functions; the band
+# split's K-block loop is today's). Measured and removed (docs/perf.md): a split's 32 rows addressed per tile
+# where they share a batch, so that a transposed operand's loads run along its contiguous rows, 16 bytes wide
+# (attention 0.94-0.96x, the loss 1.00x).
 _UNSPECIALIZED = ("splits with K, T and lim unspecialized (the previous launch)", {
     (hp, "_split_stats_kernel"): triton.jit(do_not_specialize=["rows", "K", "RB", "lim", "SEG"])(
         hp._split_stats_kernel.fn),

@@ -51,7 +51,7 @@ def log_path(where: str | Path) -> Path:
 
 def _records(path: Path) -> list[dict]:
     records = read_jsonl(path)
-    steps = [r.get("step") for r in records]
+    steps = [r.get("step") if isinstance(r, dict) else None for r in records]
     if not records or steps != list(range(-1, len(records) - 1)):
         raise AuditRefused(f"{path}: expected records for steps -1, 0, 1, ... in order; got {steps[:8]}")
     return records

@@ -135,7 +135,7 @@ def band_span(row0, T, K, window, KBAND: tl.constexpr):
 
 
 # K and T specialized (multiples of 128 on the band path) and K ranges stepped as block indices: loads and
-# int8 stores run wide (docs/perf.md: attention ~7% faster a layer)
+# int8 stores run wide (docs/perf.md: attention ~7% faster a layer, across runs)
 @triton.jit(do_not_specialize=["rows", "RB", "window"])
 def _band_split_kernel(x_ptr, s_batch, RB, s_row, s_col, rows, K, Kp, T, window, bbad_ptr, q_ptr, e_ptr, bad_ptr,
                        KBAND: tl.constexpr, BATCH_BAD: tl.constexpr, SLICES: tl.constexpr, R: tl.constexpr,

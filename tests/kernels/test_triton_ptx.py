@@ -181,7 +181,8 @@ KERNELS7 = {
                          dict(NONFINITE=True, S_POW2=4, BLOCK=1024)),
     "hp_split": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=False, SLICES=3, R=32, BK=64)),
     "hp_split_segments": (contraction._split_kernel, SPLIT_SIG, W8, dict(STATS=True, SLICES=3, R=32, BK=64)),
-    "hp_band_split": (contraction._band_split_kernel, BAND_SIG, W8, dict(KBAND=1, BATCH_BAD=True, SLICES=3, R=32, BK=64)),
+    "hp_band_split": (contraction._band_split_kernel, BAND_SIG, W8,
+                      dict(KBAND=1, BATCH_BAD=True, SLICES=3, R=32, BK=64)),
     # row-major splits as launched: s_col = 1 (specialized to a constant), sizes multiples of 16
     "hp_split_rows": (contraction._split_kernel, _without(SPLIT_SIG, "s_col"), SPLIT_ALIGNED,
                       dict(s_col=1, STATS=False, SLICES=3, R=32, BK=64)),

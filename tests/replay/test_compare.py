@@ -87,6 +87,9 @@ def test_a_broken_chain_or_a_missing_log_is_refused(tmp_path):
     with pytest.raises(AuditRefused, match=r"b/hashlog.jsonl: the hash chain breaks at step 2"):
         compare_logs(a, b)
     assert main(["audit", "compare", str(a), str(tmp_path / "nowhere")]) == 2
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+    with pytest.raises(AuditRefused, match="list.jsonl: expected records for steps -1, 0, 1"):
+        compare_logs(a, tmp_path / "list.jsonl")
 
 
 def test_cli_exit_status(tmp_path, capsys):
