@@ -70,8 +70,7 @@ def phases(b: int, t: int, window: int | None, dev) -> tuple[list[tuple[str, obj
     m = qg.shape[2]
     reach = min(window or t, t)  # the keys a row can see: its window, or up to its diagonal (attention.forward)
     split_band = hp.band_fits(t, m, reach)
-    # dP's tiles and dS's rows over the keys a row reaches (attention.forward's dp_window)
-    dpw = band if band else reach if split_band and t_soft.causal_backward_fits(t, reach) else None
+    dpw = t_att.dp_window(t, band, split_band, reach)  # dP's tiles and dS's rows over the keys a row reaches
     logits = t_att._logits(qg, kd, allowed, scale, window, band is None)
     p = t_att._probabilities(logits.clone(), True, window)
     flags = torch.zeros(gog.shape[:-1].numel(), dtype=torch.int32, device=dev)

@@ -207,6 +207,15 @@ def _product(a: torch.Tensor, b: torch.Tensor, band: tuple | None, kind: int,
     return hp.hp_band_matmul_(a, b, kind, *band, batch_bad)
 
 
+def dp_window(t: int, band_window: int | None, banded: bool, reach: int | None) -> int | None:
+    """The window over which the backward computes dP's tiles and reads dS's rows (None: every tile and entry):
+    a sliding window whose softmax rows are read over it (band_window), or on the band path a global layer's
+    causal prefix (window T: the rows of P above the diagonal are +0 too)."""
+    if band_window is not None:
+        return band_window
+    return reach if banded and t_soft.causal_backward_fits(t, reach) else None
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, allowed, scale, pv_block, causal, window):
@@ -227,11 +236,7 @@ class _Attention(torch.autograd.Function):
         if banded and p_nan is None:
             p_nan = _nan_rows(p)
         ctx.save_for_backward(qg, k, v, p, scale, p_nan)
-        # dP over the tiles a causal row's keys reach, and dS's rows read there only: a sliding window's, or on
-        # the band path a global layer's causal prefix (window T: the rows of P above the diagonal are +0 too)
-        ctx.dp_window = band_window
-        if band_window is None and banded and t_soft.causal_backward_fits(t, reach):
-            ctx.dp_window = reach
+        ctx.dp_window = dp_window(t, band_window, banded, reach)
         ctx.band = (t, reach) if banded else None
         out = pv_int8(p.reshape(b * hkv, g * t, t), v.reshape(b * hkv, t, d).contiguous(), pv_block, causal, window)
         return out.reshape(b, hq, t, d)

@@ -23,6 +23,7 @@ F32 = torch.float32
 COL_BLOCK, COL_ROWS = 64, 32  # dweight tiles: 64 columns x 32 rows
 ROW_TILE = 1024  # elements of the row kernels' tile (rows x columns): free for the bits; 1024 (8 rows of
 # 128) ran one layer's norms 1.10x one row a program and 1.23x 2048 on the H200 (benchmarks/ab_tiles.py)
+LONG_ROW_STEP = 2048  # columns a step of a row too long to share its program
 
 
 @triton.jit
@@ -163,7 +164,7 @@ def _dw_finish_kernel(amax_ptr, flags_ptr, part_ptr, dw_ptr, D, S, top, S_POW2: 
 def _row_tile(d: int) -> tuple[int, int]:
     """(rows per program, columns per step): a long row has a program to itself; short rows (the per-head QK
     norm's 128) share one, ROW_TILE elements a step."""
-    block = min(pow2_at_least(d), 2048)
+    block = min(pow2_at_least(d), LONG_ROW_STEP)
     return max(1, ROW_TILE // block), block
 
 
