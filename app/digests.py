@@ -117,14 +117,6 @@ class DigestMemo:
         if missing:
             self._queued.append((missing, queue_raw(missing)))
 
-    def adopt(self, tensors: list[torch.Tensor], rows: torch.Tensor) -> None:
-        """Take raw digests already queued on the device, rows[i] (8 int32 words) tensors[i]'s, e.g. those of the
-        Triton backend's fused AdamW; read with the next `digests`."""
-        def read() -> list[bytes]:
-            host = rows.cpu().numpy().astype("<i4")
-            return [host[i].tobytes() for i in range(len(tensors))]
-        self._queued.append((list(tensors), read))
-
     def digests(self, tensors: list[torch.Tensor]) -> list[bytes]:
         for ts, read in self._queued:
             for t, d in zip(ts, read()):

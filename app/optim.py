@@ -22,7 +22,7 @@ from app.config import TrainConfig
 from app.params import ParamSpec
 import kernels.ref.adamw
 import kernels.ref.reduce
-from kernels import is_triton, ref as REF
+from kernels import ref as REF
 from kernels.ref.adamw import clip_coefficient
 
 
@@ -66,21 +66,9 @@ def clip(grads: dict[str, torch.Tensor], max_norm: float, ops=REF
 
 def adamw_update(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], m: dict[str, torch.Tensor],
                  v: dict[str, torch.Tensor], specs: dict[str, ParamSpec], step: int, lr: float,
-                 cfg: TrainConfig, ops=REF, memo=None) -> None:
-    """One AdamW step (1-based `step`) on every parameter, in place, in sorted name order (elementwise: the
-    order does not change the bits). With `memo` (app.digests.DigestMemo) on the Triton backend, one fused
-    kernel also hashes the end state (each updated parameter and moment, and the gradient) as it writes it, and
-    hands the digests to `memo`: the state hash then reads no tensor again."""
-    names = sorted(params)
-    if memo is not None and is_triton(ops):
-        from kernels.triton.adamw_digest import adamw_digests
-
-        groups = [(params[k], grads[k], m[k], v[k], cfg.weight_decay if specs[k].decayed else 0.0) for k in names]
-        rows = adamw_digests(groups, step=step, lr=lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps)
-        if rows is not None:
-            memo.adopt([t for g in groups for t in g[:4]], rows)
-            return
-    for k in names:
+                 cfg: TrainConfig, ops=REF) -> None:
+    """One AdamW step (1-based `step`) on every parameter, in place, in sorted name order."""
+    for k in sorted(params):
         adamw_tensor(params[k], grads[k], m[k], v[k], specs[k], step, lr, cfg, ops)
 
 

@@ -104,9 +104,6 @@ class StepContext:
     device: torch.device
     backend: str = "ref"  # the op namespace (kernels.backend): the speed changes, the bits do not
     ops: object = None
-    # the caller hashes each step's end state (the trainer and the replay do): the Triton backend's AdamW then
-    # hashes it as it writes it (app.optim.adamw_update); a benchmark's no-hashing arm turns this off
-    hash_state: bool = True
 
     @classmethod
     def build(cls, cfg: RunConfig, device: torch.device | str = "cpu", backend: str = "ref") -> "StepContext":
@@ -283,12 +280,10 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         norm, coef, clipped = sharded.clip(reduced, t.clip_norm)
     lr = ctx.lr.at_step(step, ctx.batch)
     applied, triggered = spike_decision(float(norm), state.spike, t)
-    memo = DigestMemo()
     if applied:
         state.adam_step += 1
         if sharded is None:
-            adamw_update(state.params, clipped, state.m, state.v, ctx.specs, state.adam_step, lr, t, ctx.ops,
-                         memo if ctx.hash_state and (group is None or group.rank == 0) else None)
+            adamw_update(state.params, clipped, state.m, state.v, ctx.specs, state.adam_step, lr, t, ctx.ops)
         else:
             sharded.update(state.params, clipped, ctx.specs, state.adam_step, lr, t)
     if sharded is None:
@@ -298,6 +293,7 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         clipped = state.grads
     state.step += 1
     state.tokens += (hi - lo) * ctx.cfg.model.seq_len
+    memo = DigestMemo()
     digests, t0 = {}, time.perf_counter()
     if t.stage_digests and (sharded is None or sharded.writer):
         digests, t0 = _stage_digests(per_mb, partial_digests, reduced, clipped, state, memo, clock)

@@ -21,32 +21,24 @@ F32 = torch.float32
 BLOCK = 1024
 
 
-@triton.jit
-def adamw_math(p, g, m, v, k_ptr):
-    """AdamW on float32 tiles p, g, m, v with the nine scalars at k_ptr (`scalars`): (p, m, v) updated, p still
-    float32. The reference's op order, each op rounded (the kernels launch with BR_OPTIONS: no FMA)."""
-    b1, omb1 = tl.load(k_ptr + 0), tl.load(k_ptr + 1)
-    b2, omb2 = tl.load(k_ptr + 2), tl.load(k_ptr + 3)
-    bc1, bc2 = tl.load(k_ptr + 4), tl.load(k_ptr + 5)
-    lr, lr_wd, eps = tl.load(k_ptr + 6), tl.load(k_ptr + 7), tl.load(k_ptr + 8)
-    m = m * b1 + g * omb1
-    v = v * b2 + (g * g) * omb2
-    m_hat = div_rn(m, tl.broadcast_to(bc1, m.shape))
-    v_hat = div_rn(v, tl.broadcast_to(bc2, v.shape))
-    update = div_rn(m_hat, sqrt_rn(v_hat.to(tl.float64)).to(tl.float32) + eps)
-    p = (p - p * lr_wd) - update * lr
-    return p, m, v
-
-
 @triton.jit(do_not_specialize=["n"])
 def _step_kernel(p_ptr, g_ptr, m_ptr, v_ptr, k_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    b1, omb1 = tl.load(k_ptr + 0), tl.load(k_ptr + 1)
+    b2, omb2 = tl.load(k_ptr + 2), tl.load(k_ptr + 3)
+    bc1, bc2 = tl.load(k_ptr + 4), tl.load(k_ptr + 5)
+    lr, lr_wd, eps = tl.load(k_ptr + 6), tl.load(k_ptr + 7), tl.load(k_ptr + 8)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(m_ptr + offs, mask=mask, other=0.0)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-    p, m, v = adamw_math(p, g, m, v, k_ptr)
+    m = m * b1 + g * omb1
+    v = v * b2 + (g * g) * omb2
+    m_hat = div_rn(m, tl.broadcast_to(bc1, [BLOCK]))
+    v_hat = div_rn(v, tl.broadcast_to(bc2, [BLOCK]))
+    update = div_rn(m_hat, sqrt_rn(v_hat.to(tl.float64)).to(tl.float32) + eps)
+    p = (p - p * lr_wd) - update * lr
     tl.store(m_ptr + offs, m, mask=mask)
     tl.store(v_ptr + offs, v, mask=mask)
     tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)  # the one rounding to the param dtype

@@ -289,33 +289,27 @@ def _plan(buffers: list[tuple[torch.Tensor, int]]) -> tuple[list[list[tuple[Row,
     return launches, off
 
 
-def digest_words(buffers: list[tuple[torch.Tensor, int]], leaves=None) -> torch.Tensor:
+def digest_words(buffers: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
     """BLAKE3 of the first n bytes of each (int32 words, n) on one device (zero beyond them), as [len, 8] int32
     on the device. One launch for all the chunks, then one per tree level of the largest (3 up to 16 GiB): the
-    launch count does not grow with the number of tensors. No host synchronization.
-    `leaves(ws, dsts)`, if given, replaces the chunk launch: it must write buffer i's chunk chaining values at
-    ws[dsts[i] + 8 c] (its digest there when it is one chunk), as kernels/triton/adamw_digest.py does."""
+    launch count does not grow with the number of tensors. No host synchronization."""
     device = buffers[0][0].device
     launches, ws_words = _plan(buffers)
     flat, meta = [], []  # every launch's table and program starts in one int64 host list: one transfer
-    for launch in launches[0 if leaves is None else 1:]:
+    for launch in launches:
         starts, at = [], 0
         for _, programs in launch:
             starts.append(at)
             at += programs
         meta.append((len(flat), len(launch), at))
         flat += [v for row, _ in launch for v in row] + starts
-    ws = torch.empty(ws_words, dtype=torch.int32, device=device)
-    if leaves is not None:
-        leaves(ws, [row[2] for row, _ in launches[0]])
-    if not meta:
-        return ws[:8 * len(buffers)].view(len(buffers), 8)
     # pageable and non-blocking: staged at once, no wait for the GPU's queue
     tables = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
+    ws = torch.empty(ws_words, dtype=torch.int32, device=device)
     for k, (at, n_t, programs) in enumerate(meta):
         table, starts = tables[at:at + 4 * n_t], tables[at + 4 * n_t:at + 5 * n_t]
         tpad = max(64, triton.next_power_of_2(n_t))  # few variants to compile
-        if k == 0 and leaves is None:
+        if k == 0:
             _chunk_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, LANES=LANES, num_warps=4)
         else:
             _group_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, GROUP=GROUP,

@@ -118,26 +118,3 @@ def test_memo_queue_hashes_each_tensor_once_and_gives_the_same_digests(monkeypat
     got_named, got_raw = dg.named_digest({"a": a, "c": c}, memo), memo.digests([b, a])
     assert len(hashed) == 3  # read from the queue, not hashed again
     assert got_named == dg.named_digest({"a": a, "c": c}) and got_raw == dg.raw_digests([b, a])
-
-
-def test_memo_adopts_digests_queued_elsewhere_and_hashes_them_no_more(monkeypatch):
-    """What the Triton backend's fused AdamW hands over (rows of 8 int32 words, one per tensor) is read once,
-    and `queue` and `digests` take those tensors as known."""
-    import numpy as np
-
-    import app.digests as dg
-
-    a, b = torch.arange(9, dtype=torch.float32), torch.ones(4, dtype=torch.bfloat16)
-    want = dg.raw_digests([a, b])
-    rows = torch.from_numpy(np.frombuffer(b"".join(want), dtype="<i4").reshape(2, 8).copy())
-    hashed = []
-    real = dg.queue_raw
-    monkeypatch.setattr(dg, "queue_raw", lambda ts: hashed.extend(id(t) for t in ts) or real(ts))
-    memo = dg.DigestMemo()
-    memo.adopt([a, b], rows)
-    memo.queue([a, b])
-    assert memo.digests([b, a]) == want[::-1] and hashed == []
-    wrong = torch.zeros(1, 8, dtype=torch.int32)
-    memo = dg.DigestMemo()
-    memo.adopt([a], wrong)
-    assert memo.digests([a]) == [bytes(32)]  # taken as given: the adopter answers for them (tests/gpu checks it)
