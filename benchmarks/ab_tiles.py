@@ -1,12 +1,12 @@
 """Tile sweep of the loss's row kernel (block, warps), the head's GEMMs (logits and dh, dW), the causal hp
 contraction, the hp split, the int8 linear's rotate-quantize passes, its int8 GEMMs, attention's P.V, the
-RMSNorm row kernels and the activation quantizer and LSQ passes. Each
+RMSNorm row kernels, the activation quantizer and LSQ passes, and the state hash's BLAKE3 loads. Each
 variant runs against production's in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk,
 dv; the slices, exponents and flags; the codes, steps and flags; the GEMMs' and P.V's outputs) and times as
 ratios.
 
     python benchmarks/ab_tiles.py [--ops loss attention attention-window split rotate-rows rotate-columns
-                                   rotate-rebuilt int8-gemm pv rmsnorm activation]
+                                   rotate-rebuilt int8-gemm pv rmsnorm activation blake3]
                                   [--variants TEXT ...] [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
 
@@ -16,7 +16,8 @@ the widest int8 linear's backward (w_gate_up, 2048 -> 11264, 8,192 tokens); the 
 (its four linears' forward, dx and dw products at 8,192 tokens, with their dequantizing epilogues); attention's
 int8 P.V at one layer's shape (4 windows x 4 kv heads, 4 query heads each, T 2,048, D 128); one layer's
 RMSNorms (the per-head QK norm of q and k, the pre-norm of 8,192 x 2,048) and its linears' activation codes
-and LSQ passes.
+and LSQ passes; the state hash's digests of 16 tensors (1 GiB float32, the bf16 embedding, four FFN weights,
+eight square ones, two odd sizes: ~2 GiB).
 Times: median of triton.testing.do_bench (CUDA events).
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ from kernels.ref import philox  # noqa: E402
 from kernels.ref import hadamard as ref_had  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, loss as t_loss, softmax as t_soft  # noqa: E402
 from kernels.triton import int8_linear as t_lin, intmm as t_mm, rmsnorm as t_rms, rotated_mm as t_rot  # noqa: E402
+from kernels.triton import statehash  # noqa: E402
 
 # The split kernels as launched before K, T and lim were specialized (the same Python functions; the band
 # split's K-block loop is today's). Measured and removed (docs/perf.md): a split's 32 rows addressed per tile
@@ -268,6 +270,19 @@ def _gemm_cases(m: int, linears: dict, dev) -> dict:
                           GEMM_VARIANTS)}
 
 
+BLAKE3_VARIANTS = [("production (a block's words in four 16-byte loads per lane)", {}),
+                   ("one [LANES, 16] tile a block, columns through shared memory (the previous loads)",
+                    {(statehash, "VECTOR_LOADS"): False})]
+
+
+def _blake3_cases(sizes: list[tuple[int, torch.dtype]], dev) -> dict:
+    """The state hash's digests of a state-like set of tensors (whole and partial last programs)."""
+    ts = [philox.normal(900 + i, 0, (n,), device=dev).to(dt) for i, (n, dt) in enumerate(sizes)]
+    gib = sum(t.numel() * t.element_size() for t in ts) / 2**30
+    return {"blake3": (f"state hash digests ({len(ts)} tensors, {gib:.2f} GiB)",
+                       lambda: [statehash.queue_digests(ts)], BLAKE3_VARIANTS)}
+
+
 def _with(sets: dict, fn):
     """fn() with the variant's module attributes set, restored afterwards."""
     saved = {key: getattr(*key) for key in sets}
@@ -285,7 +300,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (TRITON_INTERPRET=1 on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ab_tiles.json"))
     ops = ("loss", "attention", "attention-window", "split", "rotate-rows", "rotate-columns", "rotate-rebuilt",
-           "int8-gemm", "pv", "rmsnorm", "activation")
+           "int8-gemm", "pv", "rmsnorm", "activation", "blake3")
     ap.add_argument("--ops", nargs="+", choices=ops, default=ops, help="which sweeps to run")
     ap.add_argument("--variants", nargs="+", metavar="TEXT",
                     help="run only the variants whose names contain one of these (production always runs)")
@@ -297,7 +312,11 @@ def main(argv=None) -> int:
              **_gemm_cases(*((300, {"l": (40, 77)}) if args.smoke else (8192, LAYER_LINEARS)), dev),
              **_pv_cases(*((2, 2, 200, 40) if args.smoke else (16, 4, 2048, 128)), dev),
              **_norm_cases(*((1, 37, 4, 40) if args.smoke else (4, 2048, 16, 2048)), dev),
-             **_activation_cases(*((300, {"l": (40, 77)}) if args.smoke else (8192, LAYER_LINEARS)), dev)}
+             **_activation_cases(*((300, {"l": (40, 77)}) if args.smoke else (8192, LAYER_LINEARS)), dev),
+             **_blake3_cases([(1000, torch.float32), (257, torch.bfloat16), (70_001, torch.float32)] if args.smoke else
+                             [(1 << 28, torch.float32), (128256 * 2048, torch.bfloat16)] + [(2048 * 11264, torch.bfloat16)] * 4
+                             + [(2048 * 2048, torch.float32)] * 8 + [(1_000_003, torch.float32), (77, torch.bfloat16)],
+                            dev)}
     for key, (op, fn, variants) in cases.items():
         if key not in args.ops:
             continue

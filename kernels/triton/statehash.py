@@ -16,11 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.launch import cdiv
+from kernels.triton.launch import INTERPRET, cdiv
 
 CHUNK = 1024
 LANES = 128  # chunks per program
 GROUP = 256  # tree nodes merged by one program: 8 levels per launch
+ALIGN = 16  # bytes: every buffer's address, for the chunk kernel's 16-byte loads
+VECTOR_LOADS = not INTERPRET  # _load64's inline PTX (the interpreter runs no PTX: it loads the tile instead)
 # BLAKE3's IV (SHA-256's); domain flags used below: CHUNK_START 1, CHUNK_END 2, PARENT 4, ROOT 8
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
 IV0, IV1, IV2, IV3, IV4, IV5, IV6, IV7 = (tl.constexpr(v) for v in IV)
@@ -104,21 +106,9 @@ def _word(w_ptr, idx, mask):
 
 
 @triton.jit
-def _block(w_ptr, c, b, n_words, on, full, LANES: tl.constexpr):
-    """Block b's 16 message words of each lane's chunk, as 16 [LANES] vectors; `full`: every lane's chunk is
-    whole, so no word needs its bounds checked.
-
-    One [LANES, 16] load instead of 16 scalar loads 1 KiB apart across lanes: those cost one memory
-    transaction per lane per word and bound the kernel on the load unit (1.06 vs 0.76 ms a GiB on the H200).
-    The kernel is bound by the integer ALUs, and the bounds' 64-bit compares took ~1/6 of their instructions
-    (SASS of the loop: ~755 ALU instructions a block before, ~490 without them and with _g's multiply-adds)."""
-    w = c[:, None] * 256 + b * 16 + tl.arange(0, 16)[None, :]
-    if full:
-        x = tl.load(w_ptr + w)
-    else:
-        x = tl.load(w_ptr + w, mask=on[:, None] & (w < n_words), other=0)
-    x = x.to(tl.uint32, bitcast=True)
-    x = tl.reshape(x, [LANES, 2, 2, 2, 2])  # word = 8 i + 4 j + 2 k + l
+def _columns(x):
+    """A [LANES, 16] tile as its 16 columns (each lane's words 0..15), [LANES] each."""
+    x = tl.reshape(x.to(tl.uint32, bitcast=True), [x.shape[0], 2, 2, 2, 2])  # word = 8 i + 4 j + 2 k + l
     x0, x1 = tl.split(x)  # named by the bits fixed so far: x{l}, x{k}{l}, x{j}{k}{l}
     x00, x10 = tl.split(x0)
     x01, x11 = tl.split(x1)
@@ -138,6 +128,43 @@ def _block(w_ptr, c, b, n_words, on, full, LANES: tl.constexpr):
 
 
 @triton.jit
+def _load64(addr):
+    """The 16 words at each lane's 16-aligned address: four 16-byte loads a lane, straight into the registers
+    the compressions read (no [LANES, 16] tile, so no layout change through shared memory and its barriers,
+    and one address a block instead of one 64-bit address per word)."""
+    return tl.inline_asm_elementwise(
+        "ld.global.v4.u32 {$0, $1, $2, $3}, [$16];\n\t"
+        "ld.global.v4.u32 {$4, $5, $6, $7}, [$16+16];\n\t"
+        "ld.global.v4.u32 {$8, $9, $10, $11}, [$16+32];\n\t"
+        "ld.global.v4.u32 {$12, $13, $14, $15}, [$16+48];",
+        "=r," * 16 + "l", [addr], dtype=(tl.uint32,) * 16, is_pure=True, pack=1)
+
+
+@triton.jit
+def _block(w_ptr, c, b, n_words, on, full, LANES: tl.constexpr, V4: tl.constexpr):
+    """Block b's 16 message words of each lane's chunk, as 16 [LANES] vectors; `full`: every lane's chunk is
+    whole, so no word needs its bounds checked.
+
+    V4 (on a GPU; the buffers 16-byte aligned, which digest_words checks): a whole program's words come in
+    16-byte loads (_load64). Otherwise one [LANES, 16] load instead of 16 scalar loads 1 KiB apart across
+    lanes: those cost one memory transaction per lane per word and bound the kernel on the load unit (1.06 vs
+    0.76 ms a GiB on the H200). The kernel is bound by the integer ALUs, and the bounds' 64-bit compares took
+    ~1/6 of their instructions (SASS of the loop: ~755 ALU instructions a block before, ~490 without them and
+    with _g's multiply-adds)."""
+    if full:
+        if V4:
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _load64(w_ptr + c * 256 + b * 16)
+        else:
+            w = c[:, None] * 256 + b * 16 + tl.arange(0, 16)[None, :]
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _columns(tl.load(w_ptr + w))
+    else:
+        w = c[:, None] * 256 + b * 16 + tl.arange(0, 16)[None, :]
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _columns(
+            tl.load(w_ptr + w, mask=on[:, None] & (w < n_words), other=0))
+    return m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15
+
+
+@triton.jit
 def _owner(starts, p, T, TPAD: tl.constexpr):
     """Which of T tensors program p works on: the last t with starts[t] <= p (starts ascending)."""
     k = tl.arange(0, TPAD)
@@ -146,7 +173,7 @@ def _owner(starts, p, T, TPAD: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T", "one"])
-def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.constexpr):
+def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.constexpr, V4: tl.constexpr):
     """Each program: LANES consecutive 1 KiB chunks of one tensor, one chunk per lane, each chunk's chaining
     value written (its digest when it is the whole input). table[t] = (address of the tensor's int32 words,
     byte count, offset of its chunk nodes in ws, 1 if one chunk); chunk counters count from the tensor's start."""
@@ -172,7 +199,7 @@ def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.const
     for b in range(16):
         on = live & (b < n_blocks)
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _block(w_ptr, c, b, n_words, on, full,
-                                                                                      LANES)
+                                                                                      LANES, V4)
         block_len = tl.minimum(tl.maximum(chunk_len - b * 64, 0), 64).to(tl.uint32)
         last = b == n_blocks - 1
         flags = tl.where(b == 0, 1, 0) | tl.where(last, 2, 0)  # CHUNK_START, CHUNK_END
@@ -245,13 +272,13 @@ def _group_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, GROUP: tl.const
 
 def _words(data: torch.Tensor) -> tuple[torch.Tensor, int]:
     """A tensor whose address holds the bytes as whole words (zero-padded to a whole word), and the byte count.
-    The kernels use only the address: a contiguous, word-aligned tensor is its own buffer, no views made
-    (making them was most of the host's time per tensor)."""
+    The kernels use only the address: a contiguous tensor of whole words at an ALIGN-aligned address (as torch
+    allocates) is its own buffer, no views made (making them was most of the host's time per tensor)."""
     n = data.numel() * data.element_size()
-    if n and n % 4 == 0 and data.is_contiguous() and data.data_ptr() % 4 == 0:
+    if n and n % 4 == 0 and data.is_contiguous() and data.data_ptr() % ALIGN == 0:
         return data, n
     raw = data.detach().contiguous().reshape(-1).view(torch.uint8)
-    if n and n % 4 == 0 and raw.data_ptr() % 4 == 0:
+    if n and n % 4 == 0 and raw.data_ptr() % ALIGN == 0:
         return raw, n  # a contiguous copy: whole words already
     padded = torch.zeros(max(cdiv(n, 4), 1) * 4, dtype=torch.uint8, device=raw.device)
     padded[:n] = raw
@@ -268,9 +295,13 @@ def _plan(buffers: list[tuple[torch.Tensor, int]]) -> tuple[list[list[tuple[Row,
     off = 8 * len(buffers)
     chunks, level = [], []
     for i, (words, n_bytes) in enumerate(buffers):
+        ptr = words.data_ptr()
+        if ptr % ALIGN:
+            raise ValueError(f"digest_words: buffer {i} starts at {ptr:#x}, not {ALIGN}-byte aligned (the chunk "
+                             f"kernel loads 16 bytes at a time); pass the tensor through _words")
         nodes = max(cdiv(n_bytes, CHUNK), 1)
         dst = 8 * i if nodes == 1 else off
-        chunks.append(((words.data_ptr(), n_bytes, dst, int(nodes == 1)), cdiv(nodes, LANES)))
+        chunks.append(((ptr, n_bytes, dst, int(nodes == 1)), cdiv(nodes, LANES)))
         if nodes > 1:
             level.append((i, dst, nodes))
             off += 8 * nodes
@@ -310,7 +341,8 @@ def digest_words(buffers: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
         table, starts = tables[at:at + 4 * n_t], tables[at + 4 * n_t:at + 5 * n_t]
         tpad = max(64, triton.next_power_of_2(n_t))  # few variants to compile
         if k == 0:
-            _chunk_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, LANES=LANES, num_warps=4)
+            _chunk_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, LANES=LANES, V4=VECTOR_LOADS,
+                                       num_warps=4)
         else:
             _group_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, GROUP=GROUP,
                                        LOG_GROUP=GROUP.bit_length() - 1, num_warps=4)

@@ -82,3 +82,16 @@ def test_pending_named_digest_is_read_after_its_tensors_are_freed():
     junk = torch.full((513 * 1031 * 4,), 7, dtype=torch.uint8, device="cuda")  # likely the freed block
     assert pending.hex() == named_digest(named) == pending.hex()
     del junk
+
+
+def test_views_off_the_16_byte_grid_are_hashed_through_an_aligned_copy():
+    """The chunk kernel loads each lane's words 16 bytes at a time, which a misaligned address would fault on:
+    views that start 4, 8 or 12 bytes past an aligned address (and large enough for whole programs) are hashed
+    from an aligned copy, each equal to stock blake3, and digest_words refuses such a buffer by its index."""
+    base = torch.randint(-2**31, 2**31 - 1, (300_000,), dtype=torch.int32,
+                         generator=torch.Generator().manual_seed(SEED)).cuda()
+    views = [base[k:] for k in (1, 2, 3, 4, 5)]
+    assert [v.data_ptr() % 16 for v in views] == [4, 8, 12, 0, 4]
+    assert statehash.raw_digests(views) == [blake3.blake3(v.cpu().numpy().tobytes()).digest() for v in views]
+    with pytest.raises(ValueError, match=r"buffer 1 starts at 0x[0-9a-f]+, not 16-byte aligned"):
+        statehash.digest_words([(base, 4 * 300_000), (base[1:], 4 * 299_999)])

@@ -100,7 +100,7 @@ KERNELS = {
     "adamw_bf16": (adamw._step_kernel, {"p_ptr": "*bf16", "g_ptr": "*bf16", "m_ptr": P32, "v_ptr": P32,
                                         "k_ptr": P32, "n": "i32"}, dict(BLOCK=1024)),
     "blake3_chunk": (statehash._chunk_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32",
-                                               "one": "i32"}, dict(TPAD=64, LANES=128)),
+                                               "one": "i32"}, dict(TPAD=64, LANES=128, V4=True)),
     "blake3_group": (statehash._group_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32",
                                                "one": "i32"}, dict(TPAD=64, GROUP=256, LOG_GROUP=8)),
 }
@@ -310,6 +310,12 @@ def test_division_and_sqrt_are_correctly_rounded(compiled):
     assert all("div.rn.f32" in compiled[k] for k in ("softmax_fwd", "softmax_fwd_row", "softmax_fwd_causal"))  # 1 / s
     assert "div.rn.f32" in compiled["adamw_bf16"] and "sqrt.rn.f64" in compiled["adamw_bf16"]
     assert "cvt.rn.bf16.f32" in compiled["adamw_bf16"]      # the one rounding to the param dtype: to nearest even
+
+
+def test_blake3_chunk_loads_whole_blocks_16_bytes_at_a_time(compiled):
+    """A program of whole chunks reads each 64-byte block as four 16-byte loads straight into the registers the
+    compression reads (statehash._load64), not as a tile whose columns go through shared memory."""
+    assert compiled["blake3_chunk"].count("ld.global.v4.u32") == 4
 
 
 def test_float64_constants_are_the_references_doubles(compiled):
