@@ -22,7 +22,9 @@ CHUNK = 1024
 LANES = 128  # chunks per program
 GROUP = 256  # tree nodes merged by one program: 8 levels per launch
 ALIGN = 16  # bytes: every buffer's address, for the chunk kernel's 16-byte loads
-VECTOR_LOADS = not INTERPRET  # _load64's inline PTX (the interpreter runs no PTX: it loads the tile instead)
+# _load64's 16-byte loads for whole programs. Off until tests/gpu/test_statehash.py has passed with it on an
+# H200 (it has compiled and been read in SASS only); never under the interpreter, which runs no PTX
+VECTOR_LOADS = False
 # BLAKE3's IV (SHA-256's); domain flags used below: CHUNK_START 1, CHUNK_END 2, PARENT 4, ROOT 8
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
 IV0, IV1, IV2, IV3, IV4, IV5, IV6, IV7 = (tl.constexpr(v) for v in IV)
@@ -145,7 +147,7 @@ def _block(w_ptr, c, b, n_words, on, full, LANES: tl.constexpr, V4: tl.constexpr
     """Block b's 16 message words of each lane's chunk, as 16 [LANES] vectors; `full`: every lane's chunk is
     whole, so no word needs its bounds checked.
 
-    V4 (on a GPU; the buffers 16-byte aligned, which digest_words checks): a whole program's words come in
+    V4 (VECTOR_LOADS, on a GPU; the buffers 16-byte aligned, which _plan checks): a whole program's words come in
     16-byte loads (_load64). Otherwise one [LANES, 16] load instead of 16 scalar loads 1 KiB apart across
     lanes: those cost one memory transaction per lane per word and bound the kernel on the load unit (1.06 vs
     0.76 ms a GiB on the H200). The kernel is bound by the integer ALUs, and the bounds' 64-bit compares took
@@ -341,8 +343,8 @@ def digest_words(buffers: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
         table, starts = tables[at:at + 4 * n_t], tables[at + 4 * n_t:at + 5 * n_t]
         tpad = max(64, triton.next_power_of_2(n_t))  # few variants to compile
         if k == 0:
-            _chunk_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, LANES=LANES, V4=VECTOR_LOADS,
-                                       num_warps=4)
+            _chunk_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, LANES=LANES,
+                                       V4=VECTOR_LOADS and not INTERPRET, num_warps=4)
         else:
             _group_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, GROUP=GROUP,
                                        LOG_GROUP=GROUP.bit_length() - 1, num_warps=4)

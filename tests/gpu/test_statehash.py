@@ -17,14 +17,20 @@ from kernels.triton import statehash  # noqa: E402
 SEED = int.from_bytes(os.urandom(4), "little")
 
 
+@pytest.fixture(params=[False, True], ids=["tile loads", "16-byte loads"])
+def loads(request, monkeypatch):
+    """Both ways the chunk kernel reads whole programs (statehash.VECTOR_LOADS)."""
+    monkeypatch.setattr(statehash, "VECTOR_LOADS", request.param)
+
+
 @pytest.mark.parametrize("n", [0, 1, 3, 63, 64, 65, 1023, 1024, 1025, 2047, 2048, 3073, 1 << 20, (1 << 20) + 3,
                                5 * (1 << 20) + 1000, 123_456_789])
-def test_blake3_matches_cpu(n):
+def test_blake3_matches_cpu(n, loads):
     data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(SEED + n))
     assert statehash.blake3_digest(data.cuda()) == blake3.blake3(data.numpy().tobytes()).digest()
 
 
-def test_many_tensors_in_one_pass_match_cpu():
+def test_many_tensors_in_one_pass_match_cpu(loads):
     """raw_digests hashes a list together (a table maps programs to tensors): sizes at the chunk, program
     (128 KiB) and group (32 MiB) boundaries, empty and odd-sized ones, in one batch, each equal to stock blake3."""
     kib = 1024
@@ -84,7 +90,7 @@ def test_pending_named_digest_is_read_after_its_tensors_are_freed():
     del junk
 
 
-def test_views_off_the_16_byte_grid_are_hashed_through_an_aligned_copy():
+def test_views_off_the_16_byte_grid_are_hashed_through_an_aligned_copy(loads):
     """The chunk kernel loads each lane's words 16 bytes at a time, which a misaligned address would fault on:
     views that start 4, 8 or 12 bytes past an aligned address (and large enough for whole programs) are hashed
     from an aligned copy, each equal to stock blake3, and digest_words refuses such a buffer by its index."""
