@@ -1,12 +1,13 @@
 """Tile sweep of the loss's row kernel (block, warps), the head's GEMMs (logits and dh, dW), the causal hp
 contraction, the hp split, the int8 linear's rotate-quantize passes, its int8 GEMMs, attention's P.V, the
-RMSNorm row kernels, the activation quantizer and LSQ passes, and the state hash's BLAKE3 loads. Each
+RMSNorm row kernels, the activation quantizer and LSQ passes, the state hash's BLAKE3 loads and AdamW's
+program size. Each
 variant runs against production's in one run, bits compared (loss, ce, z, dh, dW; attention's output, dq, dk,
 dv; the slices, exponents and flags; the codes, steps and flags; the GEMMs' and P.V's outputs) and times as
 ratios.
 
     python benchmarks/ab_tiles.py [--ops loss attention attention-window split rotate-rows rotate-columns
-                                   rotate-rebuilt int8-gemm pv rmsnorm activation blake3]
+                                   rotate-rebuilt int8-gemm pv rmsnorm activation blake3 adamw]
                                   [--variants TEXT ...] [--out benchmarks/results/ab_tiles.json]
     TRITON_INTERPRET=1 python benchmarks/ab_tiles.py --smoke   # CPU: every variant once at tiny shapes, bits only
 
@@ -17,7 +18,8 @@ the widest int8 linear's backward (w_gate_up, 2048 -> 11264, 8,192 tokens); the 
 int8 P.V at one layer's shape (4 windows x 4 kv heads, 4 query heads each, T 2,048, D 128); one layer's
 RMSNorms (the per-head QK norm of q and k, the pre-norm of 8,192 x 2,048) and its linears' activation codes
 and LSQ passes; the state hash's digests of 16 tensors (1 GiB float32, the bf16 embedding, four FFN weights,
-eight square ones, two odd sizes: ~2 GiB).
+eight square ones, two odd sizes: ~2 GiB); AdamW over one layer's weights and the embedding (the restores of
+param, m and v from their start are timed with it: the same in every variant).
 Times: median of triton.testing.do_bench (CUDA events).
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ from kernels.ref import philox  # noqa: E402
 from kernels.ref import hadamard as ref_had  # noqa: E402
 from kernels.triton import attention as t_att, contraction as hp, loss as t_loss, softmax as t_soft  # noqa: E402
 from kernels.triton import int8_linear as t_lin, intmm as t_mm, rmsnorm as t_rms, rotated_mm as t_rot  # noqa: E402
-from kernels.triton import statehash  # noqa: E402
+from kernels.triton import adamw as t_adamw, statehash  # noqa: E402
 
 # The split kernels as launched before K, T and lim were specialized (the same Python functions; the band
 # split's K-block loop is today's). Measured and removed (docs/perf.md): a split's 32 rows addressed per tile
@@ -283,6 +285,26 @@ def _blake3_cases(sizes: list[tuple[int, torch.dtype]], dev) -> dict:
                        lambda: [statehash.queue_digests(ts)], BLAKE3_VARIANTS)}
 
 
+ADAMW_VARIANTS = [("production (1024 elements, 4 warps a program)", {})] + [
+    (f"{blk} elements, {w} warps a program", {(t_adamw, "BLOCK"): blk, (t_adamw, "WARPS"): w})
+    for blk, w in ((1024, 8), (2048, 4), (2048, 8), (4096, 8), (512, 4))]
+
+
+def _adamw_cases(shapes: list[tuple[tuple[int, ...], torch.dtype]], dev) -> dict:
+    """One AdamW step over a layer-like set of tensors, each from the same starting state every call."""
+    start = [(philox.normal(700 + i, 0, s, std=0.02, device=dev).to(dt), philox.normal(700 + i, 1, s, std=1e-3,
+              device=dev), philox.normal(700 + i, 2, s, std=1e-4, device=dev),
+              philox.normal(700 + i, 3, s, std=1e-4, device=dev).square()) for i, (s, dt) in enumerate(shapes)]
+    work = [tuple(t.clone() for t in grp) for grp in start]
+
+    def run():
+        for (p, g, m, v), (p0, _, m0, v0) in zip(work, start):
+            p.copy_(p0), m.copy_(m0), v.copy_(v0)
+            t_adamw.adamw_step(p, g, m, v, step=7, lr=3e-4, weight_decay=0.1)
+        return [t for p, _, m, v in work for t in (p, m, v)]
+    return {"adamw": (f"AdamW step over {len(shapes)} tensors (restores included)", run, ADAMW_VARIANTS)}
+
+
 def _with(sets: dict, fn):
     """fn() with the variant's module attributes set, restored afterwards."""
     saved = {key: getattr(*key) for key in sets}
@@ -300,7 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (TRITON_INTERPRET=1 on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ab_tiles.json"))
     ops = ("loss", "attention", "attention-window", "split", "rotate-rows", "rotate-columns", "rotate-rebuilt",
-           "int8-gemm", "pv", "rmsnorm", "activation", "blake3")
+           "int8-gemm", "pv", "rmsnorm", "activation", "blake3", "adamw")
     ap.add_argument("--ops", nargs="+", choices=ops, default=ops, help="which sweeps to run")
     ap.add_argument("--variants", nargs="+", metavar="TEXT",
                     help="run only the variants whose names contain one of these (production always runs)")
@@ -316,7 +338,11 @@ def main(argv=None) -> int:
              **_blake3_cases([(1000, torch.float32), (257, torch.bfloat16), (70_001, torch.float32)] if args.smoke else
                              [(1 << 28, torch.float32), (128256 * 2048, torch.bfloat16)] + [(2048 * 11264, torch.bfloat16)] * 4
                              + [(2048 * 2048, torch.float32)] * 8 + [(1_000_003, torch.float32), (77, torch.bfloat16)],
-                            dev)}
+                            dev),
+             **_adamw_cases([((300,), torch.bfloat16), ((7, 33), torch.float32)] if args.smoke else
+                            [((2048, 11264), torch.bfloat16), ((5632, 2048), torch.bfloat16),
+                             ((3072, 2048), torch.bfloat16), ((2048, 2048), torch.bfloat16), ((2048,), torch.bfloat16),
+                             ((128256, 2048), torch.bfloat16)], dev)}
     for key, (op, fn, variants) in cases.items():
         if key not in args.ops:
             continue

@@ -18,7 +18,8 @@ from kernels.triton.ieee import div_rn, sqrt_rn
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, to_device
 
 F32 = torch.float32
-BLOCK = 1024
+BLOCK = 1024  # elements a program
+WARPS = 4  # warps a program (ab_tiles.py --ops adamw sweeps both)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -82,7 +83,7 @@ def adamw_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torc
     n = param.numel()
     if n:
         with torch.no_grad():
-            _step_kernel[(cdiv(n, BLOCK),)](param, grad, m, v, k, n, BLOCK=BLOCK, **BR_OPTIONS)
+            _step_kernel[(cdiv(n, BLOCK),)](param, grad, m, v, k, n, BLOCK=BLOCK, num_warps=WARPS, **BR_OPTIONS)
     return param
 
 
