@@ -272,6 +272,15 @@ def _gemm_cases(m: int, linears: dict, dev) -> dict:
                           GEMM_VARIANTS)}
 
 
+BF16, F32 = torch.bfloat16, torch.float32
+# (elements, dtype): 1 GiB float32, the bf16 embedding, four FFN weights, eight square ones, two odd sizes
+BLAKE3_SIZES = ([(1 << 28, F32), (128256 * 2048, BF16)] + [(2048 * 11264, BF16)] * 4 + [(2048 * 2048, F32)] * 8
+                + [(1_000_003, F32), (77, BF16)])
+# (shape, parameter dtype): one open-1b layer's weights, a norm gain and the embedding
+ADAMW_SHAPES = [((2048, 11264), BF16), ((5632, 2048), BF16), ((3072, 2048), BF16), ((2048, 2048), BF16),
+                ((2048,), BF16), ((128256, 2048), BF16)]
+
+
 BLAKE3_VARIANTS = [("production (one [LANES, 16] tile a block, columns through shared memory)", {}),
                    ("a block's words in four 16-byte loads per lane (statehash.VECTOR_LOADS)",
                     {(statehash, "VECTOR_LOADS"): True})]
@@ -290,11 +299,16 @@ ADAMW_VARIANTS = [("production (1024 elements, 4 warps a program)", {})] + [
     for blk, w in ((1024, 8), (2048, 4), (2048, 8), (4096, 8), (512, 4))]
 
 
+def _adam_state(seed: int, shape: tuple[int, ...], dtype: torch.dtype, dev) -> tuple[torch.Tensor, ...]:
+    """(param, grad, m, v) of one tensor: moments as after a few steps."""
+    def normal(k, std):
+        return philox.normal(seed, k, shape, std=std, device=dev)
+    return normal(0, 0.02).to(dtype), normal(1, 1e-3), normal(2, 1e-4), normal(3, 1e-4).square()
+
+
 def _adamw_cases(shapes: list[tuple[tuple[int, ...], torch.dtype]], dev) -> dict:
     """One AdamW step over a layer-like set of tensors, each from the same starting state every call."""
-    start = [(philox.normal(700 + i, 0, s, std=0.02, device=dev).to(dt), philox.normal(700 + i, 1, s, std=1e-3,
-              device=dev), philox.normal(700 + i, 2, s, std=1e-4, device=dev),
-              philox.normal(700 + i, 3, s, std=1e-4, device=dev).square()) for i, (s, dt) in enumerate(shapes)]
+    start = [_adam_state(700 + i, s, dt, dev) for i, (s, dt) in enumerate(shapes)]
     work = [tuple(t.clone() for t in grp) for grp in start]
 
     def run():
@@ -335,14 +349,8 @@ def main(argv=None) -> int:
              **_pv_cases(*((2, 2, 200, 40) if args.smoke else (16, 4, 2048, 128)), dev),
              **_norm_cases(*((1, 37, 4, 40) if args.smoke else (4, 2048, 16, 2048)), dev),
              **_activation_cases(*((300, {"l": (40, 77)}) if args.smoke else (8192, LAYER_LINEARS)), dev),
-             **_blake3_cases([(1000, torch.float32), (257, torch.bfloat16), (70_001, torch.float32)] if args.smoke else
-                             [(1 << 28, torch.float32), (128256 * 2048, torch.bfloat16)] + [(2048 * 11264, torch.bfloat16)] * 4
-                             + [(2048 * 2048, torch.float32)] * 8 + [(1_000_003, torch.float32), (77, torch.bfloat16)],
-                            dev),
-             **_adamw_cases([((300,), torch.bfloat16), ((7, 33), torch.float32)] if args.smoke else
-                            [((2048, 11264), torch.bfloat16), ((5632, 2048), torch.bfloat16),
-                             ((3072, 2048), torch.bfloat16), ((2048, 2048), torch.bfloat16), ((2048,), torch.bfloat16),
-                             ((128256, 2048), torch.bfloat16)], dev)}
+             **_blake3_cases([(1000, F32), (257, BF16), (70_001, F32)] if args.smoke else BLAKE3_SIZES, dev),
+             **_adamw_cases([((300,), BF16), ((7, 33), F32)] if args.smoke else ADAMW_SHAPES, dev)}
     for key, (op, fn, variants) in cases.items():
         if key not in args.ops:
             continue
