@@ -11,6 +11,8 @@ from pathlib import Path
 
 from app.errors import CheckpointError
 
+HASHLOG, METRICS = "hashlog.jsonl", "metrics.jsonl"  # a run directory's two logs
+
 
 class JsonlLog:
     """Append records to `path`, each followed by flush + fsync (a crash loses at most the line in flight)."""

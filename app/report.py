@@ -12,9 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from app.errors import RunDirError  # noqa: E402
-from app.hashlog import read_jsonl  # noqa: E402
-
-HASHLOG, METRICS = "hashlog.jsonl", "metrics.jsonl"
+from app.hashlog import HASHLOG, METRICS, read_jsonl  # noqa: E402
 
 
 def _steps(run: Path) -> list[dict]:

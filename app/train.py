@@ -21,13 +21,13 @@ from app import checkpoint as ckpt
 from app.config import RunConfig, Topology, from_dict
 from app.errors import ConfigError, DivergenceError, IntegrityError, RunDirError
 from app.evaluate import heldout_ce, heldout_tokens, weight_norms
-from app.hashlog import JsonlLog, read_jsonl, rewrite_jsonl
+from app.hashlog import HASHLOG, METRICS, JsonlLog, read_jsonl, rewrite_jsonl
 from app.init import init_params
 from app.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
 from app.step import StepContext, StepResult, TrainState, run_step
 from app.digests import digest_many
 
-HASHLOG, METRICS, CONFIG = "hashlog.jsonl", "metrics.jsonl", "config.json"
+CONFIG = "config.json"
 RUN_JSON = "run.json"
 
 

@@ -17,13 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import blake3
-
-from app.hashlog import read_jsonl
-from app.state_hash import ZERO
+from app.hashlog import HASHLOG, read_jsonl
+from app.state_hash import ZERO, chain
 from replay.errors import AuditRefused
 
-HASHLOG = "hashlog.jsonl"
 CODE_BOUND = ("code_version", "state_hash", "chain_hash")  # the fields a code version change alters
 STAGES = ("forward", "backward", "reduced", "clipped", "optimizer")
 
@@ -62,10 +59,9 @@ def broken_link(records: list[dict]) -> int | None:
     prev = ZERO
     for r in records:
         try:
-            state, logged = bytes.fromhex(r["state_hash"]), bytes.fromhex(r["chain_hash"])
-        except (KeyError, TypeError, ValueError):
+            prev, logged = chain(prev, bytes.fromhex(r["state_hash"])), bytes.fromhex(r["chain_hash"])
+        except (KeyError, TypeError, ValueError):  # chain refuses a state hash that is not 32 bytes
             return r["step"]
-        prev = blake3.blake3(prev + state).digest()
         if prev != logged:
             return r["step"]
     return None

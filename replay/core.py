@@ -25,7 +25,7 @@ from app import checkpoint as ckpt
 from app.config import RunConfig, Topology, from_dict
 from app.errors import AppError, CheckpointError
 from app.digests import digest_many
-from app.hashlog import read_jsonl
+from app.hashlog import HASHLOG, read_jsonl
 from app.init import init_params
 from app.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
 from app.step import StepContext, StepResult, TrainState, run_step
@@ -89,9 +89,9 @@ class _Run:
 def open_run(run: str | Path, corpus: str | Path | None = None) -> _Run:
     """Read and check a run directory for replay (rundesc's order of checks); AuditRefused names what failed."""
     path = Path(run)
-    if not (path / "config.json").is_file() or not (path / "hashlog.jsonl").is_file():
+    if not (path / "config.json").is_file() or not (path / HASHLOG).is_file():
         raise AuditRefused(f"{path}: not a run directory (needs config.json and hashlog.jsonl)")
-    records = read_jsonl(path / "hashlog.jsonl")
+    records = read_jsonl(path / HASHLOG)
     desc = read_run_json(path)
     check_collectives(path, desc, records)
     if desc is not None:
@@ -103,10 +103,10 @@ def open_run(run: str | Path, corpus: str | Path | None = None) -> _Run:
         raise AuditRefused(f"{path / 'config.json'}: not the canonical JSON of a config (edited?)")
     by_step = {r["step"]: r for r in records}
     if sorted(by_step) != list(range(-1, len(records) - 1)):
-        raise AuditRefused(f"{path / 'hashlog.jsonl'}: expected records of steps -1, 0, 1, ... in order")
+        raise AuditRefused(f"{path / HASHLOG}: expected records of steps -1, 0, 1, ... in order")
     code = code_version()
     if by_step[-1].get("code_version") != code:
-        raise AuditRefused(f"{path / 'hashlog.jsonl'}: recorded by code version {by_step[-1].get('code_version')}, "
+        raise AuditRefused(f"{path / HASHLOG}: recorded by code version {by_step[-1].get('code_version')}, "
                            f"this is {code}; audit with the code the run was trained with")
     corpus_dir = Path(corpus) if corpus is not None else Path(cfg.train.corpus)
     ident, notes = check_corpus(path, desc, corpus_dir, explicit=corpus is not None)
@@ -252,7 +252,7 @@ def replay_segment(run: str | Path, first_step: int, end_step: int, device: str 
     r = open_run(run, corpus)
     last = len(r.records) - 1  # steps 0 .. last-1 are logged
     if not 0 <= first_step < end_step <= last:
-        raise AuditRefused(f"{r.path / 'hashlog.jsonl'}: steps [{first_step}, {end_step}) asked, the log holds steps "
+        raise AuditRefused(f"{r.path / HASHLOG}: steps [{first_step}, {end_step}) asked, the log holds steps "
                            f"0..{last - 1}")
     ctx = StepContext.build(r.cfg, device, backend)
     state, prev, mm = _start(r, ctx, first_step, device)

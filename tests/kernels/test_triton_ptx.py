@@ -34,6 +34,8 @@ def _double_hex(v: float) -> str:
     return "0d" + struct.pack(">d", v).hex().upper()
 
 
+BLAKE3_SIG = {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32", "one": "i32"}  # both BLAKE3 kernels
+
 KERNELS = {
     **{f"unary_fwd_{op}": (elementary._forward_kernel, {"x_ptr": P32, "y_ptr": P32, "n": "i32"},
                            dict(OP=op, BLOCK=1024)) for op in range(5)},
@@ -99,12 +101,9 @@ KERNELS = {
                     dict(BLOCK=2048)),
     "adamw_bf16": (adamw._step_kernel, {"p_ptr": "*bf16", "g_ptr": "*bf16", "m_ptr": P32, "v_ptr": P32,
                                         "k_ptr": P32, "n": "i32"}, dict(BLOCK=1024)),
-    "blake3_chunk": (statehash._chunk_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32",
-                                               "one": "i32"}, dict(TPAD=64, LANES=128, V4=False)),
-    "blake3_chunk_v4": (statehash._chunk_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32",
-                                                  "one": "i32"}, dict(TPAD=64, LANES=128, V4=True)),
-    "blake3_group": (statehash._group_kernel, {"table": "*i64", "starts": "*i64", "ws": I32, "T": "i32",
-                                               "one": "i32"}, dict(TPAD=64, GROUP=256, LOG_GROUP=8)),
+    "blake3_chunk": (statehash._chunk_kernel, BLAKE3_SIG, dict(TPAD=64, LANES=128, V4=False)),
+    "blake3_chunk_v4": (statehash._chunk_kernel, BLAKE3_SIG, dict(TPAD=64, LANES=128, V4=True)),
+    "blake3_group": (statehash._group_kernel, BLAKE3_SIG, dict(TPAD=64, GROUP=256, LOG_GROUP=8)),
 }
 
 GEMM_SIG = {"a_ptr": I8, "b_ptr": I8, "out_ptr": P32, "M": "i32", "N": "i32", "K": "i32", "s_ab": "i32", "s_am": "i32",
