@@ -281,9 +281,10 @@ ADAMW_SHAPES = [((2048, 11264), BF16), ((5632, 2048), BF16), ((3072, 2048), BF16
                 ((2048,), BF16), ((128256, 2048), BF16)]
 
 
-BLAKE3_VARIANTS = [("production (one [LANES, 16] tile a block, columns through shared memory)", {}),
-                   ("a block's words in four 16-byte loads per lane (statehash.VECTOR_LOADS)",
-                    {(statehash, "VECTOR_LOADS"): True})]
+BLAKE3_VARIANTS = [("production (16-byte loads, each block's loaded during the block before, statehash.PREFETCH)", {}),
+                   ("16-byte loads when the block comes (no PREFETCH)", {(statehash, "PREFETCH"): False}),
+                   ("one [LANES, 16] tile a block, columns through shared memory",
+                    {(statehash, "VECTOR_LOADS"): False, (statehash, "PREFETCH"): False})]
 
 
 def _blake3_cases(sizes: list[tuple[int, torch.dtype]], dev) -> dict:
@@ -294,9 +295,9 @@ def _blake3_cases(sizes: list[tuple[int, torch.dtype]], dev) -> dict:
                        lambda: [statehash.queue_digests(ts)], BLAKE3_VARIANTS)}
 
 
-ADAMW_VARIANTS = [("production (1024 elements, 4 warps a program)", {})] + [
+ADAMW_VARIANTS = [("production (1024 elements, 8 warps a program)", {})] + [
     (f"{blk} elements, {w} warps a program", {(t_adamw, "BLOCK"): blk, (t_adamw, "WARPS"): w})
-    for blk, w in ((1024, 8), (2048, 4), (2048, 8), (4096, 8), (512, 4))]
+    for blk, w in ((1024, 4), (512, 4), (512, 8), (2048, 16), (256, 2))]
 
 
 def _adam_state(seed: int, shape: tuple[int, ...], dtype: torch.dtype, dev) -> tuple[torch.Tensor, ...]:

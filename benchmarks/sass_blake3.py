@@ -36,8 +36,9 @@ LABEL = re.compile(r"\.L_x_(\d+):")
 BRANCH = re.compile(r"(@!?P\d+\s+)?BRA `\(\.L_x_(\d+)\)")
 
 
-def sass(v4: bool) -> tuple[list[str], dict]:
-    kernel = compile_sm90(statehash._chunk_kernel, SIG, dict(num_warps=4), TPAD=64, LANES=128, V4=v4)
+def sass(v4: bool, prefetch: bool) -> tuple[list[str], dict]:
+    kernel = compile_sm90(statehash._chunk_kernel, SIG, dict(num_warps=4), TPAD=64, LANES=128, V4=v4,
+                          PREFETCH=prefetch)
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "chunk.cubin")
@@ -81,8 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sass_blake3.json"))
     args = ap.parse_args(argv)
     rows = {}
-    for name, v4 in (("tile loads (production)", False), ("16-byte loads (VECTOR_LOADS)", True)):
-        lines, use = sass(v4)
+    for name, v4, prefetch in (("tile loads (VECTOR_LOADS off)", False, False), ("16-byte loads", True, False),
+                               ("16-byte loads a block ahead (production)", True, True)):
+        lines, use = sass(v4, prefetch)
         rows[name] = {**count(whole_program_path(lines)), "registers": use["registers"]}
     print("| whole-program path, a block | instructions | integer-ALU pipe | IMAD pipe | loads | shared/barriers "
           "| registers |")

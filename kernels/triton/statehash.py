@@ -12,6 +12,8 @@ uint32 adds, xors and rotations, so the result is `blake3.blake3(bytes).digest()
 """
 from __future__ import annotations
 
+import collections
+
 import torch
 import triton
 import triton.language as tl
@@ -22,9 +24,11 @@ CHUNK = 1024
 LANES = 128  # chunks per program
 GROUP = 256  # tree nodes merged by one program: 8 levels per launch
 ALIGN = 16  # bytes: every buffer's address, for the chunk kernel's 16-byte loads
-# _load64's 16-byte loads for whole programs. Off until tests/gpu/test_statehash.py has passed with it on an
-# H200 (it has compiled and been read in SASS only); never under the interpreter, which runs no PTX
-VECTOR_LOADS = False
+# _load64's 16-byte loads for whole programs (1.08x the [LANES, 16] tile on the H200, ab_tiles.py --ops blake3;
+# tests/gpu/test_statehash.py runs both); never under the interpreter, which runs no PTX
+VECTOR_LOADS = True
+# each block's words loaded one block ahead, during the previous block's compression (not yet timed on an H200)
+PREFETCH = True
 # BLAKE3's IV (SHA-256's); domain flags used below: CHUNK_START 1, CHUNK_END 2, PARENT 4, ROOT 8
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
 IV0, IV1, IV2, IV3, IV4, IV5, IV6, IV7 = (tl.constexpr(v) for v in IV)
@@ -175,7 +179,8 @@ def _owner(starts, p, T, TPAD: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T", "one"])
-def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.constexpr, V4: tl.constexpr):
+def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.constexpr, V4: tl.constexpr,
+                  PREFETCH: tl.constexpr):
     """Each program: LANES consecutive 1 KiB chunks of one tensor, one chunk per lane, each chunk's chaining
     value written (its digest when it is the whole input). table[t] = (address of the tensor's int32 words,
     byte count, offset of its chunk nodes in ws, 1 if one chunk); chunk counters count from the tensor's start."""
@@ -198,10 +203,19 @@ def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.const
     hi = (c >> 32).to(tl.uint32)
     zero = tl.zeros([LANES], tl.uint32)
     h0, h1, h2, h3, h4, h5, h6, h7 = zero + IV0, zero + IV1, zero + IV2, zero + IV3, zero + IV4, zero + IV5, zero + IV6, zero + IV7
+    if PREFETCH:
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _block(w_ptr, c, 0, n_words, live,
+                                                                                      full, LANES, V4)
     for b in range(16):
         on = live & (b < n_blocks)
-        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _block(w_ptr, c, b, n_words, on, full,
-                                                                                      LANES, V4)
+        if PREFETCH:  # the next block's words, loaded before this block's compression, which hides their
+            # latency (else each block's first G waits for its own loads); the last block reloads itself
+            nb = tl.minimum(b + 1, 15)
+            n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15 = _block(
+                w_ptr, c, nb, n_words, live & (nb < n_blocks), full, LANES, V4)
+        else:
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _block(
+                w_ptr, c, b, n_words, on, full, LANES, V4)
         block_len = tl.minimum(tl.maximum(chunk_len - b * 64, 0), 64).to(tl.uint32)
         last = b == n_blocks - 1
         flags = tl.where(b == 0, 1, 0) | tl.where(last, 2, 0)  # CHUNK_START, CHUNK_END
@@ -212,6 +226,9 @@ def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.const
                                                    lo, hi, block_len, flags.to(tl.uint32), one)
         h0, h1, h2, h3 = tl.where(on, g0, h0), tl.where(on, g1, h1), tl.where(on, g2, h2), tl.where(on, g3, h3)
         h4, h5, h6, h7 = tl.where(on, g4, h4), tl.where(on, g5, h5), tl.where(on, g6, h6), tl.where(on, g7, h7)
+        if PREFETCH:
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = (
+                n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15)
     out = ws + dst + c * 8
     tl.store(out + 0, h0.to(tl.int32, bitcast=True), mask=live)
     tl.store(out + 1, h1.to(tl.int32, bitcast=True), mask=live)
@@ -288,6 +305,8 @@ def _words(data: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 Row = tuple[int, int, int, int]  # a tensor's table row in one launch (the kernels' docstrings say what)
+PLANS = 8  # launch tables kept (_launch_tables): the state's, a step's stage digests' few sets
+_plans: collections.OrderedDict = collections.OrderedDict()
 
 
 def _plan(buffers: list[tuple[torch.Tensor, int]]) -> tuple[list[list[tuple[Row, int]]], int]:
@@ -322,11 +341,16 @@ def _plan(buffers: list[tuple[torch.Tensor, int]]) -> tuple[list[list[tuple[Row,
     return launches, off
 
 
-def digest_words(buffers: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
-    """BLAKE3 of the first n bytes of each (int32 words, n) on one device (zero beyond them), as [len, 8] int32
-    on the device. One launch for all the chunks, then one per tree level of the largest (3 up to 16 GiB): the
-    launch count does not grow with the number of tensors. No host synchronization."""
-    device = buffers[0][0].device
+def _launch_tables(buffers: list[tuple[torch.Tensor, int]], device: torch.device):
+    """_plan's launches as one int64 table on the device, each launch's (offset in it, tensors, programs), and
+    the workspace size in words. They are a function of the buffers' addresses and sizes alone, so the last
+    PLANS are kept by those: the state hash hashes the same tensors, updated in place, every step, and planning
+    its 976 tensors at open-1b's 24 layers took ~3.5 ms of host time with the GPU idle
+    (benchmarks/state_hash_cost.py)."""
+    key = (device, tuple((w.data_ptr(), n) for w, n in buffers))
+    if (hit := _plans.get(key)) is not None:
+        _plans.move_to_end(key)
+        return hit
     launches, ws_words = _plan(buffers)
     flat, meta = [], []  # every launch's table and program starts in one int64 host list: one transfer
     for launch in launches:
@@ -336,15 +360,26 @@ def digest_words(buffers: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
             at += programs
         meta.append((len(flat), len(launch), at))
         flat += [v for row, _ in launch for v in row] + starts
-    # pageable and non-blocking: staged at once, no wait for the GPU's queue
-    tables = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
-    ws = torch.empty(ws_words, dtype=torch.int32, device=device)
+    # pageable and non-blocking: staged at once, no wait for the GPU's queue; never written after
+    _plans[key] = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True), meta, ws_words
+    if len(_plans) > PLANS:
+        _plans.popitem(last=False)
+    return _plans[key]
+
+
+def digest_words(buffers: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """BLAKE3 of the first n bytes of each (int32 words, n) on one device (zero beyond them), as [len, 8] int32
+    on the device. One launch for all the chunks, then one per tree level of the largest (3 up to 16 GiB): the
+    launch count does not grow with the number of tensors. No host synchronization."""
+    device = buffers[0][0].device
+    tables, meta, ws_words = _launch_tables(buffers, device)
+    ws = torch.empty(ws_words, dtype=torch.int32, device=device)  # a fresh one: earlier digests may be unread
     for k, (at, n_t, programs) in enumerate(meta):
         table, starts = tables[at:at + 4 * n_t], tables[at + 4 * n_t:at + 5 * n_t]
         tpad = max(64, triton.next_power_of_2(n_t))  # few variants to compile
         if k == 0:
             _chunk_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, LANES=LANES,
-                                       V4=VECTOR_LOADS and not INTERPRET, num_warps=4)
+                                       V4=VECTOR_LOADS and not INTERPRET, PREFETCH=PREFETCH, num_warps=4)
         else:
             _group_kernel[(programs,)](table, starts, ws, n_t, 1, TPAD=tpad, GROUP=GROUP,
                                        LOG_GROUP=GROUP.bit_length() - 1, num_warps=4)

@@ -17,10 +17,12 @@ from kernels.triton import statehash  # noqa: E402
 SEED = int.from_bytes(os.urandom(4), "little")
 
 
-@pytest.fixture(params=[False, True], ids=["tile loads", "16-byte loads"])
+@pytest.fixture(params=[(False, False), (True, False), (True, True)],
+                ids=["tile loads", "16-byte loads", "16-byte loads a block ahead"])
 def loads(request, monkeypatch):
-    """Both ways the chunk kernel reads whole programs (statehash.VECTOR_LOADS)."""
-    monkeypatch.setattr(statehash, "VECTOR_LOADS", request.param)
+    """The ways the chunk kernel reads whole programs (statehash.VECTOR_LOADS, statehash.PREFETCH)."""
+    monkeypatch.setattr(statehash, "VECTOR_LOADS", request.param[0])
+    monkeypatch.setattr(statehash, "PREFETCH", request.param[1])
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 63, 64, 65, 1023, 1024, 1025, 2047, 2048, 3073, 1 << 20, (1 << 20) + 3,
@@ -101,3 +103,20 @@ def test_views_off_the_16_byte_grid_are_hashed_through_an_aligned_copy(loads):
     assert statehash.raw_digests(views) == [blake3.blake3(v.cpu().numpy().tobytes()).digest() for v in views]
     with pytest.raises(ValueError, match=r"buffer 1 starts at 0x[0-9a-f]+, not 16-byte aligned"):
         statehash.digest_words([(base, 4 * 300_000), (base[1:], 4 * 299_999)])
+
+
+def test_a_kept_plan_hashes_the_bytes_there_now(loads):
+    """digest_words keeps its launch tables by the buffers' addresses and sizes (the state hash hashes the same
+    tensors every step): written in place, hashed again, the digests are the new bytes'; another set of tensors
+    gets its own plan; the same list again takes the kept one."""
+    g = torch.Generator().manual_seed(SEED)
+    ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).cuda() for n in (4096, 128 * 1024 + 16, 3 << 20)]
+    statehash._plans.clear()
+    assert statehash.raw_digests(ts) == [blake3.blake3(t.cpu().numpy().tobytes()).digest() for t in ts]
+    for t in ts:
+        t[1:2] ^= 1
+    assert statehash.raw_digests(ts) == [blake3.blake3(t.cpu().numpy().tobytes()).digest() for t in ts]
+    assert len(statehash._plans) == 1
+    others = [t.clone() for t in ts[::-1]]
+    assert statehash.raw_digests(others) == [blake3.blake3(t.cpu().numpy().tobytes()).digest() for t in others]
+    assert len(statehash._plans) == 2
