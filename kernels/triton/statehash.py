@@ -346,7 +346,7 @@ def _launch_tables(buffers: list[tuple[torch.Tensor, int]], device: torch.device
     """_plan's launches as one int64 table on the device, each launch's (offset in it, tensors, programs), and
     the workspace size in words. They are a function of the buffers' addresses and sizes alone, so the last
     PLANS are kept by those: the state hash hashes the same tensors, updated in place, every step, and planning
-    its 976 tensors at open-1b's 24 layers took ~3.5 ms of host time with the GPU idle
+    its 976 tensors at open-1b's 24 layers took ~2 ms of host time with the GPU idle
     (benchmarks/state_hash_cost.py)."""
     key = (device, tuple((w.data_ptr(), n) for w, n in buffers))
     if (hit := _plans.get(key)) is not None:

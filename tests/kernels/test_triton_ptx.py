@@ -101,7 +101,7 @@ KERNELS = {
                     dict(BLOCK=2048)),
     "adamw_bf16": (adamw._step_kernel, {"p_ptr": "*bf16", "g_ptr": "*bf16", "m_ptr": P32, "v_ptr": P32,
                                         "k_ptr": P32, "n": "i32"}, dict(BLOCK=1024)),
-    "blake3_chunk": (statehash._chunk_kernel, BLAKE3_SIG, dict(TPAD=64, LANES=128, V4=False, PREFETCH=True)),
+    "blake3_chunk": (statehash._chunk_kernel, BLAKE3_SIG, dict(TPAD=64, LANES=128, V4=False, PREFETCH=False)),
     "blake3_chunk_v4": (statehash._chunk_kernel, BLAKE3_SIG, dict(TPAD=64, LANES=128, V4=True, PREFETCH=True)),
     "blake3_group": (statehash._group_kernel, BLAKE3_SIG, dict(TPAD=64, GROUP=256, LOG_GROUP=8)),
 }
