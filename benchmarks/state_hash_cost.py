@@ -1,6 +1,6 @@
 """Where the state hash's time goes after a step: host planning, BLAKE3 kernels, the digests' transfer.
 
-    python3 benchmarks/state_hash_cost.py [--layers 24] [--seq-len 2048] [--batch 4] [--reps 6]
+    python3 benchmarks/state_hash_cost.py [--layers 24] [--seq-len 2048] [--batch 4] [--reps 6] [--clocks]
 
 The paired rounds of benchmarks/train_throughput.py say what the state hash adds to a step (a median ~27 ms
 at open-1b's 24 layers); `benchmarks/ab_tiles.py --ops blake3` says what the chunk kernel costs on a few large
@@ -16,7 +16,8 @@ that params, m, v and the clipped gradients hold a step's values), each timed wi
 - `state hash, wall`: `app.state_hash.state_hash(state_entries(...))`, what the trainer calls after its step.
 
 Reps alternate the chunk kernel's loads (LOADS: statehash.VECTOR_LOADS and PREFETCH), one after the other on
-the same state, and check their digests equal. Prints a table of medians, writes JSON
+the same state, and check their digests equal. `--clocks`: nvidia-smi's SM clock and power over each state
+hash (benchmarks/gpu_clocks.py), to set beside the paired rounds' (train_throughput.py --clocks). Prints a table of medians, writes JSON
 (benchmarks/results/state_hash_cost.json).
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.config import Topology  # noqa: E402
+from benchmarks.gpu_clocks import ClockLog, no_spans  # noqa: E402
 from benchmarks.train_throughput import proxy, setup_ours, token_batches  # noqa: E402
 
 
@@ -60,7 +62,7 @@ def _gpu(fn) -> float:
 LOADS = {"tile loads": (False, False), "16-byte loads": (True, False), "16-byte loads a block ahead": (True, True)}
 
 
-def measure(tensors, entries_fn, loads: str) -> tuple[dict, bytes]:
+def measure(tensors, entries_fn, loads: str, span=no_spans) -> tuple[dict, bytes]:
     from app.state_hash import state_hash
     from kernels.triton import statehash
 
@@ -74,7 +76,8 @@ def measure(tensors, entries_fn, loads: str) -> tuple[dict, bytes]:
     anew = _gpu(lambda: statehash.queue_digests(tensors))
     kept = _gpu(lambda: statehash.queue_digests(tensors))
     wall, rows = _wall(lambda: statehash.queue_digests(tensors).cpu())
-    full, digest = _wall(lambda: state_hash(entries_fn()))
+    with span(f"{loads}: the state hash"):
+        full, digest = _wall(lambda: state_hash(entries_fn()))
     return {"host: buffers": host1 - host0, "host: plan": host2 - host1, "digests, events, planned anew": anew,
             "digests, events, plan kept": kept, "digests, wall": wall,
             "state hash, wall": full}, bytes(rows.numpy().tobytes()) + digest
@@ -86,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--reps", type=int, default=6, help="reps of each load path (after one untimed each)")
+    ap.add_argument("--clocks", action="store_true", help="nvidia-smi's SM clock and power over each state hash")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "state_hash_cost.json"))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -103,9 +107,10 @@ def main(argv=None) -> int:
     gib = sum(t.numel() * t.element_size() for t in tensors) / 2**30
     samples: dict[str, list[dict]] = {name: [] for name in LOADS}
     first = None
+    log = ClockLog() if args.clocks else None
     for rep in range(args.reps + 1):
         for name in LOADS:
-            row, bits = measure(tensors, entries_fn, name)
+            row, bits = measure(tensors, entries_fn, name, log.span if log else no_spans)
             first = first or bits
             if bits != first:
                 print(f"state_hash_cost: digests differ ({name}, rep {rep})", file=sys.stderr)
@@ -123,6 +128,10 @@ def main(argv=None) -> int:
     out = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "layers": args.layers,
            "tensors": len(tensors), "gib": gib, "device": torch.cuda.get_device_name(),
            "median_s": med, "samples_s": samples}
+    if log:
+        out["clocks"] = log.stop()  # the untimed first rep's spans included
+        for name, s in out["clocks"].items():
+            print(f"clocks, {name}: {s}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -1,7 +1,7 @@
 """Training throughput on one GPU: stock PyTorch bf16 vs our step (reference backend, Triton backend), one run.
 
     python3 benchmarks/train_throughput.py [--layers 4] [--seq-len 2048] [--batch 4] [--accum 1] [--steps 5] [--arms ...]
-                                           [--head-slices 3 [2 ...]]
+                                           [--head-slices 3 [2 ...]] [--clocks]
 
 The shape is a proxy of open-1b (report table 2): the same per-layer shapes (d 2048, 16/4 heads x 128,
 FFN 5632, vocab 128,256, sliding window 512 with a global layer every 5th and last) and fewer layers.
@@ -29,7 +29,8 @@ step: hash kernels queued ahead of a host-bound stretch of the step run in GPU t
 - `triton-paired`: what hashing adds, without the ~3 ms spread between separately run arms: one process, one
   state, rounds of three steps on the same tokens (no hashing, the state hash only, everything: the trainer's
   step); `state_share_paired` and `hash_share_paired` are the medians over the rounds of 1 - t(no hashing) /
-  t(arm) within a round.
+  t(arm) within a round. `--clocks` adds nvidia-smi's SM clock and power (benchmarks/gpu_clocks.py), medians
+  over each mode's steps and over the state hash inside them.
 
 `--head-slices`: our arms run once per slice count of the LM head's contractions (`model.head_slices`, 3 by
 default; an arm at another count is named e.g. `triton/head2`): a different contract, with its own bits and
@@ -173,27 +174,43 @@ def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, bac
     return out
 
 
-def bench_paired(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str) -> dict:
-    """`triton-paired` (module doc): rounds of no hashing, the state hash only, everything, on one state."""
+def bench_paired(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str,
+                 clocks: bool = False) -> dict:
+    """`triton-paired` (module doc): rounds of no hashing, the state hash only, everything, on one state.
+    `clocks`: the SM clock and power over each mode's steps and over the state hash inside them (gpu_clocks)."""
     from app.state_hash import state_entries, state_hash
     from app.step import run_step
+    from benchmarks.gpu_clocks import ClockLog, no_spans
 
     ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage=True)
     quiet = dataclasses.replace(ctx, cfg=ctx.cfg.replace(**{"train.stage_digests": False}))
     modes = {"nohash": (quiet, False), "statehash": (quiet, True), "full": (ctx, True)}
 
-    def step(ids, cx, hashing):
+    log = ClockLog() if clocks else None
+    span = log.span if log else no_spans
+
+    def step(ids, mode):
+        cx, hashing = modes[mode]
         r = run_step(st, ids, Topology(), cx)
         if hashing:
-            state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
+            with span(f"{mode}: the state hash"):
+                state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
+
+    def seconds(ids, mode):
+        with span(mode):
+            return _seconds(step, ids, mode)
 
     torch.cuda.reset_peak_memory_stats()
-    rounds = [{mode: _seconds(step, ids, *how) for mode, how in modes.items()} for ids in batches][warmup:]
+    rounds = [{mode: seconds(ids, mode) for mode in modes} for ids in batches][warmup:]
     med = {m: statistics.median(r[m] for r in rounds) for m in modes}
     out = {"step_s": med["full"], "nohash_s": med["nohash"], "statehash_s": med["statehash"],
            "state_share_paired": statistics.median(1 - r["nohash"] / r["statehash"] for r in rounds),
            "hash_share_paired": statistics.median(1 - r["nohash"] / r["full"] for r in rounds),
            "rounds": rounds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    if log:
+        out["clocks"] = log.stop()  # the warmup rounds' spans included
+        for name, s in out["clocks"].items():
+            print(f"  clocks, {name}: {s}", flush=True)
     del st, ctx, quiet
     torch.cuda.empty_cache()
     return out
@@ -204,7 +221,7 @@ def run_arm(arm: str, c: ModelConfig, args, batches) -> dict:
         return bench_stock(c, batches, args.warmup, args.accum)
     backend, _, hashing = arm.partition("-")
     if hashing == "paired":
-        return bench_paired(c, args.batch, args.accum, batches, args.warmup, backend)
+        return bench_paired(c, args.batch, args.accum, batches, args.warmup, backend, args.clocks)
     return bench_ours(c, args.batch, args.accum, batches, args.warmup, backend, stage=not hashing,
                       hashing=hashing != "nohash")
 
@@ -219,6 +236,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, autotuning)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     ap.add_argument("--head-slices", nargs="+", type=int, default=[3], help="slice counts of the head (our arms)")
+    ap.add_argument("--clocks", action="store_true",
+                    help="paired arm: nvidia-smi's SM clock and power over each mode and its state hash")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_throughput.json"))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
