@@ -72,7 +72,9 @@ class ClockLog:
         self._proc.terminate()
         self._proc.wait()
         self._out.seek(0)
-        return summarize(parse(self._out), self.spans)
+        samples = parse(self._out)
+        self._out.close()
+        return summarize(samples, self.spans)
 
 
 def no_spans(name: str):
