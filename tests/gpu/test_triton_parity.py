@@ -50,8 +50,14 @@ def seed(*parts) -> int:
     return h
 
 
+# Inputs are drawn on the test's device and handed over on the host: our Philox gives every element the same
+# numbers on any device, and on the GPU machine's host a model-sized draw took ~1 minute (the slowest tests).
+def random_bits(s: int, stream: int, n: int) -> torch.Tensor:
+    return philox.random_bits(s, stream, n, device=CUDA).cpu()
+
+
 def normal(shape, *tag, std: float = 1.0) -> torch.Tensor:
-    return philox.normal(seed(*tag), 0, shape, std=std)
+    return philox.normal(seed(*tag), 0, shape, std=std, device=CUDA).cpu()
 
 
 def wide(shape, *tag) -> torch.Tensor:
@@ -59,7 +65,7 @@ def wide(shape, *tag) -> torch.Tensor:
     n = 1
     for s in shape:
         n *= s
-    k = (philox.random_bits(seed(*tag, "k"), 1, n) % 61 - 30).reshape(shape)
+    k = (random_bits(seed(*tag, "k"), 1, n) % 61 - 30).reshape(shape)
     return normal(shape, *tag) * pow2(k).to(torch.float32)  # exact powers of two
 
 
@@ -113,7 +119,7 @@ def test_unary(op, shape):
 @pytest.mark.parametrize("op", UNARY)
 def test_unary_every_float32_class(op):
     """2^20 random bit patterns: subnormals, huge values, infinities, NaNs, both signs."""
-    bits = philox.random_bits(seed(op, "bits"), 0, 1 << 20)
+    bits = random_bits(seed(op, "bits"), 0, 1 << 20)
     bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
     x = bits.view(torch.float32)
     specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -1e-45, 1.1754942e-38,
@@ -502,7 +508,7 @@ def int8s(shape, *tag) -> torch.Tensor:
     n = 1
     for s in shape:
         n *= s
-    return (philox.random_bits(seed(*tag), 0, n) % 256 - 128).to(torch.int8).reshape(shape)
+    return (random_bits(seed(*tag), 0, n) % 256 - 128).to(torch.int8).reshape(shape)
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 5), (130, 200, 65), (64, 16, 128),
@@ -620,7 +626,7 @@ def test_embedding(shape, v, d, dtype, ids_dtype):
     n = 1
     for s in shape:
         n *= s
-    ids = (philox.random_bits(seed("emb", shape), 0, n) % v).reshape(shape).to(ids_dtype)
+    ids = (random_bits(seed("emb", shape), 0, n) % v).reshape(shape).to(ids_dtype)
     ids.view(-1)[: n // 4] = ids.view(-1)[0]  # one hot row: many addends (and atomics) on the same entries
     w = normal((v, d), "emb", shape).to(dtype)
     g = wide((*shape, d), "emb", shape, "g").to(dtype)
