@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import stream
-from app import checkpoint as ckpt
+from app import checkpoint as ckpt, devices
 from app.config import RunConfig, Topology, from_dict
 from app.errors import ConfigError, DivergenceError, IntegrityError, RunDirError
 from app.evaluate import heldout_ce, heldout_tokens, weight_norms
@@ -103,6 +103,7 @@ class Trainer:
         self.group, self.writer = group, writer
         self.code = code_version()
         self.config_json = canonical_json(cfg.to_dict()).decode()
+        devices.check(opts.device, opts.backend)
         self.ctx = StepContext.build(cfg, opts.device, opts.backend)
         # everything that can refuse the config is checked before the run directory is touched
         self.stream = stream.open_stream(cfg.train.corpus, seq_len=cfg.model.seq_len, seed=cfg.train.seed)

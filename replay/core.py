@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import stream
-from app import checkpoint as ckpt
+from app import checkpoint as ckpt, devices
 from app.config import RunConfig, Topology, from_dict
 from app.errors import AppError, CheckpointError
 from app.digests import digest_many
@@ -254,6 +254,7 @@ def replay_segment(run: str | Path, first_step: int, end_step: int, device: str 
     if not 0 <= first_step < end_step <= last:
         raise AuditRefused(f"{r.path / HASHLOG}: steps [{first_step}, {end_step}) asked, the log holds steps "
                            f"0..{last - 1}")
+    devices.check(device, backend)
     ctx = StepContext.build(r.cfg, device, backend)
     state, prev, mm = _start(r, ctx, first_step, device)
     start = state.step

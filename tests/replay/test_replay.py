@@ -210,3 +210,10 @@ def test_altered_run_directory_copy_is_refused(run12, tmp_path):
     (run / "data" / "tokenizer.json").write_bytes((run / "data" / "tokenizer.json").read_bytes() + b" ")
     with pytest.raises(AuditRefused, match="tokenizer.json"):
         replay_segment(run, 0, 1)
+
+
+def test_replay_refuses_a_bad_device_by_name(run12):
+    from app.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="device 'gpu'"):
+        replay_segment(run12, 0, 1, device="gpu")
