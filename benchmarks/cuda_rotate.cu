@@ -1,0 +1,236 @@
+// rotate-quantize of contiguous operand rows (G's rows for dx) in CUDA, for benchmarks/cuda_rotate.py.
+//
+// The bits of kernels/ref/rotated_mm.quantize_symmetric(block_hadamard(finite_or_zero(row))) per row, as the
+// Triton kernel (kernels/triton/rotated_mm._rotate_quantize_kernel) gives them, with the butterflies' layout
+// changes done by warp shuffles instead of a float32 scratch row: Triton 3.6 has no shuffle, and the scratch
+// traffic (~21 bytes an element against a floor of 5) is what its kernel is bound by (docs/perf.md).
+//
+// One CTA of 8 warps a row; warp w rotates the row's Hadamard blocks w, w + 8, ... (256 elements each). Lane l
+// holds elements 8l .. 8l + 7 of a block: stages h = 1, 2, 4 pair elements inside a lane, stages h = 8 .. 128
+// pair lane l with lane l ^ (h / 8). Every output is exactly (a + b) or (a - b) of the reference's pairing
+// (lower index a, upper b), in the reference's stage order; IEEE + is commutative, so a + b may be taken on
+// either lane, and a - b is taken as the partner's a minus this lane's b on the upper lane. The rotated row
+// stays in registers for the step (amax / 127) and the codes: one read of the row, one write of its codes.
+// No multiply-add exists to contract (only + - and a division, taken as __fdiv_rn like the reference's).
+
+#define WARPS 8
+#define BLOCK 256
+#define PER_LANE 8            // BLOCK / 32
+#define MAX_BLOCKS_A_WARP 8   // rows up to 8 warps x 8 blocks x 256 = 16384 elements
+
+__device__ __forceinline__ bool finite(float x) { return fabsf(x) <= 3.402823466e38f; }
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
+                     int* __restrict__ bad_out, long long s_row, int c, int kp) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long row = blockIdx.x;
+  const float* x = src + row * s_row;
+  const int nblocks = c / BLOCK;  // the host asks for c % 256 == 0 (no padding inside a block)
+  float v[MAX_BLOCKS_A_WARP][PER_LANE];
+  float amax = 0.0f;
+  int bad = 0, nan = 0;
+#pragma unroll
+  for (int i = 0; i < MAX_BLOCKS_A_WARP; ++i) {  // every block's loads first: all in flight at once
+    const int blk = warp + i * WARPS;
+    if (blk < nblocks) {
+      const float4* p = reinterpret_cast<const float4*>(x + blk * BLOCK + lane * PER_LANE);
+      const float4 lo = p[0], hi = p[1];
+      float* e = v[i];
+      e[0] = lo.x; e[1] = lo.y; e[2] = lo.z; e[3] = lo.w; e[4] = hi.x; e[5] = hi.y; e[6] = hi.z; e[7] = hi.w;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < MAX_BLOCKS_A_WARP; ++i) {
+    const int blk = warp + i * WARPS;
+    if (blk < nblocks) {
+      float* e = v[i];
+#pragma unroll
+      for (int k = 0; k < PER_LANE; ++k) {  // finite_or_zero: +0.0 for inf and NaN, and the row is flagged
+        const bool ok = finite(e[k]);
+        bad |= !ok;
+        e[k] = ok ? e[k] : 0.0f;
+      }
+#pragma unroll
+      for (int h = 1; h < PER_LANE; h <<= 1) {  // stages inside the lane
+#pragma unroll
+        for (int k = 0; k < PER_LANE; ++k) {
+          if ((k & h) == 0) {
+            const float a = e[k], b = e[k + h];
+            e[k] = __fadd_rn(a, b);
+            e[k + h] = __fsub_rn(a, b);
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 1; m < 32; m <<= 1) {  // stage h = 8 m: lane l pairs with lane l ^ m
+        const bool upper = (lane & m) != 0;
+#pragma unroll
+        for (int k = 0; k < PER_LANE; ++k) {
+          const float other = __shfl_xor_sync(0xffffffffu, e[k], m);
+          e[k] = upper ? __fsub_rn(other, e[k]) : __fadd_rn(e[k], other);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < PER_LANE; ++k) {
+        nan |= e[k] != e[k];  // fmaxf drops a NaN; torch.amax keeps it (then the step is 1)
+        amax = fmaxf(amax, fabsf(e[k]));
+      }
+    }
+  }
+  // the row's largest |rotated|, and its flags: a max and two ors, exact in any order
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    bad |= __shfl_xor_sync(0xffffffffu, bad, m);
+    nan |= __shfl_xor_sync(0xffffffffu, nan, m);
+  }
+  __shared__ float s_amax[WARPS];
+  __shared__ int s_bad[WARPS], s_nan[WARPS];
+  if (lane == 0) { s_amax[warp] = amax; s_bad[warp] = bad; s_nan[warp] = nan; }
+  __syncthreads();
+  amax = s_amax[0]; bad = s_bad[0]; nan = s_nan[0];
+#pragma unroll
+  for (int w = 1; w < WARPS; ++w) { amax = fmaxf(amax, s_amax[w]); bad |= s_bad[w]; nan |= s_nan[w]; }
+  // symmetric_step: amax / 127 as a tensor division; a NaN amax (or 0) gives step 1
+  float step = nan ? 1.0f : __fdiv_rn(amax, 127.0f);
+  step = step > 0.0f ? step : 1.0f;
+  if (threadIdx.x == 0) { step_out[row] = step; bad_out[row] = bad; }
+  signed char* q = codes + row * (long long)kp;
+#pragma unroll
+  for (int i = 0; i < MAX_BLOCKS_A_WARP; ++i) {
+    const int blk = warp + i * WARPS;
+    if (blk < nblocks) {
+      char4 lo, hi;
+      signed char out[PER_LANE];
+#pragma unroll
+      for (int k = 0; k < PER_LANE; ++k) {  // to_int8: round half to even, clamp to +-127, NaN -> 0
+        const float t = __fdiv_rn(v[i][k], step);
+        const float r = fminf(fmaxf(rintf(t), -127.0f), 127.0f);
+        out[k] = (signed char)(t != t ? 0.0f : r);
+      }
+      lo = make_char4(out[0], out[1], out[2], out[3]);
+      hi = make_char4(out[4], out[5], out[6], out[7]);
+      char4* p = reinterpret_cast<char4*>(q + blk * BLOCK + lane * PER_LANE);
+      p[0] = lo;
+      p[1] = hi;
+    }
+  }
+  // columns c .. kp - 1 (the 16-padding past c) are zero codes, as the Triton kernel writes them
+  for (int j = c + threadIdx.x; j < kp; j += WARPS * 32) q[j] = 0;
+}
+
+// rotate-quantize of strided operand rows (G's columns for dw: operand row j is source column j, its C index
+// strided by s_col). One CTA takes 32 adjacent source columns; each Hadamard block of 256 C indices comes in as
+// a [256, 32] tile, 128 coalesced bytes a source row, through shared memory. Warp w rotates columns 4w .. 4w + 3
+// of the tile; lane l holds C indices 32k + l (k = 0 .. 7), so stages h = 1 .. 16 pair lane l with lane l ^ h
+// and stages h = 32, 64, 128 pair registers k and k ^ (h / 32) inside the lane: the reference's pairings, in its
+// stage order. The shared-memory reads are then one row a lane, conflict-free. A column of C = 8192 does not fit
+// in registers, so the blocks are rotated twice: once for the step, once for the codes (9 bytes an element moved,
+// against 5 at the floor and ~21 through the Triton kernel's scratch).
+
+#define COLS 32
+
+__device__ __forceinline__ void rotate_column(float e[8], int lane) {
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {  // stage h = m: lane l with lane l ^ m
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float other = __shfl_xor_sync(0xffffffffu, e[k], m);
+      e[k] = upper ? __fsub_rn(other, e[k]) : __fadd_rn(e[k], other);
+    }
+  }
+#pragma unroll
+  for (int h = 1; h < 8; h <<= 1) {  // stage 32 h: register k with register k + h
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if ((k & h) == 0) {
+        const float a = e[k], b = e[k + h];
+        e[k] = __fadd_rn(a, b);
+        e[k + h] = __fsub_rn(a, b);
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
+                     int* __restrict__ bad_out, long long s_col, int rows, int c, int kp) {
+  __shared__ float tile[BLOCK][COLS + 1];
+  __shared__ int s_bad[WARPS][COLS];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int j0 = blockIdx.x * COLS;
+  const int nblocks = c / BLOCK;
+  const bool live_col = j0 + lane < rows;  // the tile column this thread loads (t % 32 == lane)
+  int bad = 0;
+  float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f}, step[4];
+  int nan[4] = {0, 0, 0, 0};
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int b = 0; b < nblocks; ++b) {
+      const long long c0 = (long long)b * BLOCK;
+#pragma unroll 8
+      for (int i = 0; i < BLOCK / WARPS; ++i) {  // tile row warp + 8 i, column lane
+        const int cc = warp + WARPS * i;
+        float x = live_col ? src[(c0 + cc) * s_col + j0 + lane] : 0.0f;
+        const bool ok = finite(x);
+        bad |= !ok;
+        tile[cc][lane] = ok ? x : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int jj = 4 * warp + q;
+        float e[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) e[k] = tile[32 * k + lane][jj];
+        rotate_column(e, lane);
+        if (pass == 0) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            nan[q] |= e[k] != e[k];
+            amax[q] = fmaxf(amax[q], fabsf(e[k]));
+          }
+        } else if (j0 + jj < rows) {
+          signed char* out = codes + (long long)(j0 + jj) * kp + c0;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const float v = __fdiv_rn(e[k], step[q]);
+            const float r = fminf(fmaxf(rintf(v), -127.0f), 127.0f);
+            out[32 * k + lane] = (signed char)(v != v ? 0.0f : r);
+          }
+        }
+      }
+      __syncthreads();  // the tile is read by all before the next block overwrites it
+    }
+    if (pass == 0) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // each column's largest |rotated| over its warp's lanes, then its step
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) {
+          amax[q] = fmaxf(amax[q], __shfl_xor_sync(0xffffffffu, amax[q], m));
+          nan[q] |= __shfl_xor_sync(0xffffffffu, nan[q], m);
+        }
+        float s = nan[q] ? 1.0f : __fdiv_rn(amax[q], 127.0f);
+        step[q] = s > 0.0f ? s : 1.0f;
+      }
+    }
+  }
+  s_bad[warp][lane] = bad;  // the flags of column `lane` from this warp's tile rows
+  __syncthreads();
+  if (warp == 0 && live_col) {
+    int any = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) any |= s_bad[w][lane];
+    bad_out[j0 + lane] = any;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int jj = 4 * warp + q;
+    if (lane == 0 && j0 + jj < rows) step_out[j0 + jj] = step[q];
+  }
+  // C indices c .. kp - 1 (the 16-padding) are zero codes, as the Triton kernel writes them
+  for (int j = 0; j < COLS; ++j)
+    if (j0 + j < rows)
+      for (int i = c + t; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
+}
