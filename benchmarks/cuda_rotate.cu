@@ -154,9 +154,17 @@ __device__ __forceinline__ void rotate_column(float e[8], int lane) {
   }
 }
 
+__device__ __forceinline__ float code8(float t) {  // ref.to_int8 as float: round half even, clamp, NaN -> 0
+  return t != t ? 0.0f : fminf(fmaxf(rintf(t), -127.0f), 127.0f);
+}
+
+// pre (may be null): the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
+// (x_hat with one step: pre_stride 0; w_hat with a step per C index: pre_stride 1); its flags are the rebuilt
+// value's.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
-                     int* __restrict__ bad_out, long long s_col, int rows, int c, int kp) {
+                     int* __restrict__ bad_out, long long s_col, int rows, int c, int kp,
+                     const float* __restrict__ pre, long long pre_stride) {
   __shared__ float tile[BLOCK][COLS + 1];
   __shared__ int s_bad[WARPS][COLS];
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -173,6 +181,10 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
       for (int i = 0; i < BLOCK / WARPS; ++i) {  // tile row warp + 8 i, column lane
         const int cc = warp + WARPS * i;
         float x = live_col ? src[(c0 + cc) * s_col + j0 + lane] : 0.0f;
+        if (pre != nullptr) {
+          const float sc = pre[(c0 + cc) * pre_stride];
+          x = __fmul_rn(code8(__fdiv_rn(x, sc)), sc);
+        }
         const bool ok = finite(x);
         bad |= !ok;
         tile[cc][lane] = ok ? x : 0.0f;
@@ -195,9 +207,7 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
           signed char* out = codes + (long long)(j0 + jj) * kp + c0;
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
-            const float v = __fdiv_rn(e[k], step[q]);
-            const float r = fminf(fmaxf(rintf(v), -127.0f), 127.0f);
-            out[32 * k + lane] = (signed char)(v != v ? 0.0f : r);
+            out[32 * k + lane] = (signed char)code8(__fdiv_rn(e[k], step[q]));
           }
         }
       }

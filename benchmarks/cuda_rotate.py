@@ -1,9 +1,11 @@
 """CUDA rotate-quantize kernels (benchmarks/cuda_rotate.cu) against the Triton kernel
 (kernels/triton/rotated_mm.rotate_quantize) in one run: bits compared, then both timed against the floor. Two
 of the int8 linear backward's passes over G [m tokens, n features]: its rows along n (dx's operand, `rows`)
-and its columns along m (dw's, `cols`).
+and its columns along m (dw's, `cols`); and the other two, the columns of x_hat and w_hat, rebuilt from x and w
+and their steps (`x_hat`, `w_hat`; the column kernel with its pre-scale).
 
-    python3 benchmarks/cuda_rotate.py [--shapes 8192x5632 8192x2048 8192x11264] [--kinds rows cols] [--out FILE]
+    python3 benchmarks/cuda_rotate.py [--shapes 8192x5632 8192x2048 8192x11264] [--kinds rows cols]
+                                      [--rebuilt 8192x2048x5632] [--out FILE]
 
 Nothing in the step uses the CUDA kernel. It answers one question before anything is integrated: does a
 kernel whose butterflies move between lanes by warp shuffles (Triton 3.6 has none) beat the Triton kernel's
@@ -42,10 +44,14 @@ def _cupy_launcher():
     module = cp.RawModule(code=SOURCE.read_text(), options=("--fmad=false", "-std=c++17"))
     kernels = {kind: module.get_function(f"rotate_quantize_{kind}") for kind in ("rows", "cols")}
 
-    def launcher(kind: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor):
+    def launcher(kind: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
+                 pre: torch.Tensor | None = None):
         grid, args = _grid_and_args(kind, g, q)
         args = (*(cp.from_dlpack(t) for t in (g, q, step, bad)), np.int64(args[0]),
                 *(np.int32(a) for a in args[1:]))
+        if kind == "cols":  # the pre-scale: a null pointer, or the steps and their stride (0: one step)
+            args += ((np.uint64(0), np.int64(0)) if pre is None else
+                     (cp.from_dlpack(pre), np.int64(pre.stride(0) if pre.dim() else 0)))
 
         def launch():
             with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # torch's stream: ordered, timed
@@ -73,20 +79,25 @@ void launch_rows(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Te
       g.data_ptr<float>(), reinterpret_cast<signed char*>(q.data_ptr<int8_t>()), step.data_ptr<float>(),
       bad.data_ptr<int>(), g.stride(0), (int)g.size(1), (int)q.size(1));
 }
-void launch_cols(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad) {
+void launch_cols(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad, torch::Tensor pre,
+                 bool has_pre) {
   rotate_quantize_cols<<<(g.size(1) + 31) / 32, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
       g.data_ptr<float>(), reinterpret_cast<signed char*>(q.data_ptr<int8_t>()), step.data_ptr<float>(),
-      bad.data_ptr<int>(), g.stride(0), (int)g.size(1), (int)g.size(0), (int)q.size(1));
+      bad.data_ptr<int>(), g.stride(0), (int)g.size(1), (int)g.size(0), (int)q.size(1),
+      has_pre ? pre.data_ptr<float>() : nullptr, has_pre && pre.dim() ? pre.stride(0) : 0);
 }
 """
-    decl = "void launch_{}(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad);"
-    mod = load_inline("cuda_rotate", cpp_sources="\n".join(decl.format(k) for k in ("rows", "cols")),
+    decl = ("void launch_rows(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad);\n"
+            "void launch_cols(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad, "
+            "torch::Tensor pre, bool has_pre);")
+    mod = load_inline("cuda_rotate", cpp_sources=decl,
                       cuda_sources=SOURCE.read_text() + wrapper, functions=["launch_rows", "launch_cols"],
                       extra_cuda_cflags=["--fmad=false", "-arch=sm_90"], verbose=False)
 
-    def launcher(kind, g, q, step, bad):
-        fn = getattr(mod, f"launch_{kind}")
-        return lambda: fn(g, q, step, bad)
+    def launcher(kind, g, q, step, bad, pre=None):
+        if kind == "rows":
+            return lambda: mod.launch_rows(g, q, step, bad)
+        return lambda: mod.launch_cols(g, q, step, bad, pre if pre is not None else step, pre is not None)
     return launcher
 
 
@@ -132,7 +143,8 @@ def compile_launcher():
     """(how it was built, launcher(g, q, step, bad) -> launch())."""
     try:
         return "cupy (NVRTC)", _cupy_launcher()
-    except ImportError:
+    except Exception as e:  # no CuPy, or its NVRTC refused: the same source through nvcc
+        print(f"cupy: {type(e).__name__}: {e}; building with torch.utils.cpp_extension", flush=True)
         return "torch.utils.cpp_extension (nvcc)", _torch_extension_launcher()
 
 
@@ -162,6 +174,35 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     ints = {1: torch.int8, 4: torch.int32}
     return a.shape == b.shape and torch.equal(a.contiguous().view(ints[a.element_size()]),
                                               b.contiguous().view(ints[b.element_size()]))
+
+
+def run_rebuilt(launcher, which: str, m: int, k: int, n: int) -> dict:
+    """The rebuilt operands' columns: x_hat [m, k] (one step s_x) along m, or w_hat [n, k] (s_w per row) along n."""
+    import triton
+
+    from kernels.triton import int8_linear as t_lin, rotated_mm as t_rot
+
+    x = philox.normal(11, 0, (m, k), device="cuda")
+    w = philox.normal(12, 0, (n, k), std=0.02, device="cuda")
+    s_x = torch.tensor(0.05, device="cuda")
+    src, pre = (x, s_x) if which == "x_hat" else (w, t_lin._weight(w, s_x, quant=False)[0])
+    c, rows = src.shape
+    if c % 256:
+        raise ValueError(f"{which}: C {c} is not a multiple of 256")
+    q = torch.empty((rows, c), dtype=torch.int8, device="cuda")
+    step = torch.empty(rows, dtype=torch.float32, device="cuda")
+    bad = torch.empty(rows, dtype=torch.int32, device="cuda")
+    launch = launcher("cols", src, q, step, bad, pre)
+
+    def triton_pass():
+        return t_rot.rotate_quantize(src, rows, c, 1, rows, block=256, pre=pre)
+    launch()
+    tq, ts, tb = triton_pass()
+    torch.cuda.synchronize()
+    return {"kind": which, "m": c, "n": rows, "rows": rows, "c": c,
+            "bits_vs_triton": {"codes": same(q, tq), "step": same(step, ts), "bad": same(bad, tb)},
+            "cuda_ms": triton.testing.do_bench(launch), "triton_ms": triton.testing.do_bench(triton_pass),
+            "floor_ms": rows * c * 5 / COPY_BW * 1e3}
 
 
 def run_case(launcher, kind: str, m: int, n: int, check_reference: bool) -> dict:
@@ -202,6 +243,8 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="+", default=["8192x5632", "8192x2048", "8192x11264"],
                     help="G's m x n (tokens x features); each is run as rows and as columns")
     ap.add_argument("--kinds", nargs="+", default=["rows", "cols"], choices=("rows", "cols"))
+    ap.add_argument("--rebuilt", default="8192x2048x5632", help="m x k x n of x_hat's and w_hat's column passes "
+                    "(x [m, k], w [n, k]); 'none' to skip")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cuda_rotate.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -215,6 +258,11 @@ def main() -> int:
         m, n = (int(v) for v in shape.split("x"))
         for kind in args.kinds:
             results.append(run_case(launcher, kind, m, n, check_reference=i == 0))
+            print(results[-1], flush=True)
+    if args.rebuilt != "none":
+        m, k, n = (int(v) for v in args.rebuilt.split("x"))
+        for which in ("x_hat", "w_hat"):
+            results.append(run_rebuilt(launcher, which, m, k, n))
             print(results[-1], flush=True)
     print("\n| G (m x n) | pass | bits: CUDA = Triton (codes, step, bad) | CUDA ms | Triton ms | Triton / CUDA | "
           "floor ms | CUDA / floor |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
