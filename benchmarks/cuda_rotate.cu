@@ -20,6 +20,10 @@
 
 __device__ __forceinline__ bool finite(float x) { return fabsf(x) <= 3.402823466e38f; }
 
+__device__ __forceinline__ float code8(float t) {  // ref.to_int8 as float: round half even, clamp, NaN -> 0
+  return t != t ? 0.0f : fminf(fmaxf(rintf(t), -127.0f), 127.0f);
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
                      int* __restrict__ bad_out, long long s_row, int c, int kp) {
@@ -104,11 +108,7 @@ rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ co
       char4 lo, hi;
       signed char out[PER_LANE];
 #pragma unroll
-      for (int k = 0; k < PER_LANE; ++k) {  // to_int8: round half to even, clamp to +-127, NaN -> 0
-        const float t = __fdiv_rn(v[i][k], step);
-        const float r = fminf(fmaxf(rintf(t), -127.0f), 127.0f);
-        out[k] = (signed char)(t != t ? 0.0f : r);
-      }
+      for (int k = 0; k < PER_LANE; ++k) out[k] = (signed char)code8(__fdiv_rn(v[i][k], step));
       lo = make_char4(out[0], out[1], out[2], out[3]);
       hi = make_char4(out[4], out[5], out[6], out[7]);
       char4* p = reinterpret_cast<char4*>(q + blk * BLOCK + lane * PER_LANE);
@@ -152,10 +152,6 @@ __device__ __forceinline__ void rotate_column(float e[8], int lane) {
       }
     }
   }
-}
-
-__device__ __forceinline__ float code8(float t) {  // ref.to_int8 as float: round half even, clamp, NaN -> 0
-  return t != t ? 0.0f : fminf(fmaxf(rintf(t), -127.0f), 127.0f);
 }
 
 // pre (may be null): the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
