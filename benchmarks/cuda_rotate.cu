@@ -154,6 +154,25 @@ __device__ __forceinline__ void rotate_column(float e[8], int lane) {
   }
 }
 
+__device__ __forceinline__ int load_tile(float (*tile)[COLS + 1], const float* __restrict__ src, long long s_col,
+                                         long long c0, int j0, bool live_col, const float* __restrict__ pre,
+                                         long long pre_stride, int warp, int lane) {
+  int bad = 0;
+#pragma unroll 8
+  for (int i = 0; i < BLOCK / WARPS; ++i) {  // tile row warp + 8 i, column lane
+    const int cc = warp + WARPS * i;
+    float x = live_col ? src[(c0 + cc) * s_col + j0 + lane] : 0.0f;
+    if (pre != nullptr) {
+      const float sc = pre[(c0 + cc) * pre_stride];
+      x = __fmul_rn(code8(__fdiv_rn(x, sc)), sc);
+    }
+    const bool ok = finite(x);
+    bad |= !ok;
+    tile[cc][lane] = ok ? x : 0.0f;
+  }
+  return bad;
+}
+
 // pre (may be null): the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
 // (x_hat with one step: pre_stride 0; w_hat with a step per C index: pre_stride 1); its flags are the rebuilt
 // value's.
@@ -173,18 +192,7 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
   for (int pass = 0; pass < 2; ++pass) {
     for (int b = 0; b < nblocks; ++b) {
       const long long c0 = (long long)b * BLOCK;
-#pragma unroll 8
-      for (int i = 0; i < BLOCK / WARPS; ++i) {  // tile row warp + 8 i, column lane
-        const int cc = warp + WARPS * i;
-        float x = live_col ? src[(c0 + cc) * s_col + j0 + lane] : 0.0f;
-        if (pre != nullptr) {
-          const float sc = pre[(c0 + cc) * pre_stride];
-          x = __fmul_rn(code8(__fdiv_rn(x, sc)), sc);
-        }
-        const bool ok = finite(x);
-        bad |= !ok;
-        tile[cc][lane] = ok ? x : 0.0f;
-      }
+      bad |= load_tile(tile, src, s_col, c0, j0, live_col, pre, pre_stride, warp, lane);
       __syncthreads();
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -239,4 +247,104 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
   for (int j = 0; j < COLS; ++j)
     if (j0 + j < rows)
       for (int i = c + t; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
+}
+
+// The columns with C split over CTAs (grid: column groups x splits), for shapes with few column groups: x_hat's
+// and w_hat's columns at open-1b's k of 2048 are 64 groups for 132 SMs. Two launches over the same blocks
+// (b = split, split + splits, ...). The first takes each column's largest |rotated|, its NaN and its flag into
+// global words by atomics: atomicMax on a non-negative float's bits orders them as the values, and max and or
+// are exact in any order. The second rotates the blocks again and cuts the codes with the step.
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+rotate_cols_amax(const float* __restrict__ src, long long s_col, int rows, int c, const float* __restrict__ pre,
+                 long long pre_stride, unsigned* __restrict__ amax_bits, int* __restrict__ nan_out,
+                 int* __restrict__ bad_out) {
+  __shared__ float tile[BLOCK][COLS + 1];
+  __shared__ int s_bad[WARPS][COLS];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int j0 = blockIdx.x * COLS;
+  const bool live_col = j0 + lane < rows;
+  float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int nan[4] = {0, 0, 0, 0}, bad = 0;
+  for (int b = blockIdx.y; b < c / BLOCK; b += gridDim.y) {
+    bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, pre, pre_stride, warp, lane);
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float e[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) e[k] = tile[32 * k + lane][4 * warp + q];
+      rotate_column(e, lane);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        nan[q] |= e[k] != e[k];
+        amax[q] = fmaxf(amax[q], fabsf(e[k]));
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) {
+      amax[q] = fmaxf(amax[q], __shfl_xor_sync(0xffffffffu, amax[q], m));
+      nan[q] |= __shfl_xor_sync(0xffffffffu, nan[q], m);
+    }
+    const int j = j0 + 4 * warp + q;
+    if (lane == 0 && j < rows) {
+      atomicMax(amax_bits + j, __float_as_uint(amax[q]));
+      if (nan[q]) atomicOr(nan_out + j, 1);
+    }
+  }
+  s_bad[warp][lane] = bad;
+  __syncthreads();
+  if (warp == 0 && live_col) {
+    int any = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) any |= s_bad[w][lane];
+    if (any) atomicOr(bad_out + j0 + lane, 1);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+rotate_cols_codes(const float* __restrict__ src, signed char* __restrict__ codes, long long s_col, int rows, int c,
+                  int kp, const float* __restrict__ pre, long long pre_stride, const unsigned* __restrict__ amax_bits,
+                  const int* __restrict__ nan_in, const int* __restrict__ bad_in, float* __restrict__ step_out,
+                  int* __restrict__ bad_out) {
+  __shared__ float tile[BLOCK][COLS + 1];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int j0 = blockIdx.x * COLS;
+  const bool live_col = j0 + lane < rows;
+  float step[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // symmetric_step of the column's amax (a NaN amax: step 1)
+    const int j = j0 + 4 * warp + q;
+    float s = 1.0f;
+    if (j < rows && !nan_in[j]) s = __fdiv_rn(__uint_as_float(amax_bits[j]), 127.0f);
+    step[q] = s > 0.0f ? s : 1.0f;
+    if (blockIdx.y == 0 && lane == 0 && j < rows) { step_out[j] = step[q]; bad_out[j] = bad_in[j]; }
+  }
+  for (int b = blockIdx.y; b < c / BLOCK; b += gridDim.y) {
+    const long long c0 = (long long)b * BLOCK;
+    load_tile(tile, src, s_col, c0, j0, live_col, pre, pre_stride, warp, lane);
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int jj = 4 * warp + q;
+      float e[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) e[k] = tile[32 * k + lane][jj];
+      rotate_column(e, lane);
+      if (j0 + jj < rows) {
+        signed char* out = codes + (long long)(j0 + jj) * kp + c0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) out[32 * k + lane] = (signed char)code8(__fdiv_rn(e[k], step[q]));
+      }
+    }
+    __syncthreads();
+  }
+  if (blockIdx.y == 0)  // C indices c .. kp - 1 (the 16-padding) are zero codes
+    for (int j = 0; j < COLS; ++j)
+      if (j0 + j < rows)
+        for (int i = c + t; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
 }

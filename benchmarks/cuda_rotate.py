@@ -35,6 +35,7 @@ SOURCE = ROOT / "benchmarks" / "cuda_rotate.cu"
 COPY_BW = 4.3e12  # bytes/s, a device-to-device copy through PyTorch on the H200 (KINDS.md)
 THREADS = 256
 MAX_C = 8 * 8 * 256  # the row kernel holds a row of up to 16,384 elements in registers
+DEVICE = "cuda"  # "cpu" under --smoke
 
 
 def _cupy_launcher():
@@ -42,30 +43,46 @@ def _cupy_launcher():
     import numpy as np
 
     module = cp.RawModule(code=SOURCE.read_text(), options=("--fmad=false", "-std=c++17"))
-    kernels = {kind: module.get_function(f"rotate_quantize_{kind}") for kind in ("rows", "cols")}
+    fn = {name: module.get_function(name) for name in
+          ("rotate_quantize_rows", "rotate_quantize_cols", "rotate_cols_amax", "rotate_cols_codes")}
 
-    def launcher(kind: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
+    def launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
                  pre: torch.Tensor | None = None):
-        grid, args = _grid_and_args(kind, g, q)
-        args = (*(cp.from_dlpack(t) for t in (g, q, step, bad)), np.int64(args[0]),
-                *(np.int32(a) for a in args[1:]))
-        if kind == "cols":  # the pre-scale: a null pointer, or the steps and their stride (0: one step)
-            args += ((np.uint64(0), np.int64(0)) if pre is None else
-                     (cp.from_dlpack(pre), np.int64(pre.stride(0) if pre.dim() else 0)))
+        dl = cp.from_dlpack
+        i64, i32 = np.int64, np.int32
+        # the pre-scale: a null pointer, or the steps and their stride (0: one step)
+        pre_args = (np.uint64(0), i64(0)) if pre is None else (dl(pre), i64(pre.stride(0) if pre.dim() else 0))
+        kp = q.shape[1]
+        words = None
+        if variant == "rows":
+            calls = [(fn["rotate_quantize_rows"], (g.shape[0],),
+                      (dl(g), dl(q), dl(step), dl(bad), i64(g.stride(0)), i32(g.shape[1]), i32(kp)))]
+        elif variant == "cols":  # g [C, rows]: its columns are the operand's rows, 32 a CTA
+            rows, c = g.shape[1], g.shape[0]
+            calls = [(fn["rotate_quantize_cols"], (-(-rows // 32),),
+                      (dl(g), dl(q), dl(step), dl(bad), i64(g.stride(0)), i32(rows), i32(c), i32(kp), *pre_args))]
+        else:
+            rows, c = g.shape[1], g.shape[0]
+            grid = (-(-rows // 32), col_splits(rows, c))
+            words = torch.zeros((3, rows), dtype=torch.int32, device=g.device)  # amax bits, NaN, flag
+            w = tuple(dl(words[k]) for k in range(3))
+            calls = [(fn["rotate_cols_amax"], grid, (dl(g), i64(g.stride(0)), i32(rows), i32(c), *pre_args, *w)),
+                     (fn["rotate_cols_codes"], grid,
+                      (dl(g), dl(q), i64(g.stride(0)), i32(rows), i32(c), i32(kp), *pre_args, *w, dl(step), dl(bad)))]
 
         def launch():
             with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # torch's stream: ordered, timed
-                kernels[kind]((grid,), (THREADS,), args)
+                if words is not None:
+                    words.zero_()
+                for kernel, grid_, args in calls:
+                    kernel(grid_, (THREADS,), args)
         return launch
     return launcher
 
 
-def _grid_and_args(kind: str, g: torch.Tensor, q: torch.Tensor) -> tuple[int, tuple[int, ...]]:
-    """rows: g [rows, C] contiguous, (s_row, C, Kp); cols: g [C, rows] contiguous, its columns the operand's
-    rows, (s_col, rows, C, Kp), 32 columns a CTA."""
-    if kind == "rows":
-        return g.shape[0], (g.stride(0), g.shape[1], q.shape[1])
-    return -(-g.shape[1] // 32), (g.stride(0), g.shape[1], g.shape[0], q.shape[1])
+def col_splits(rows: int, c: int) -> int:
+    """Splits of C for the split column kernels: ~4 CTAs an SM (132 SMs), at most one Hadamard block each."""
+    return max(1, min(c // 256, -(-4 * 132 // -(-rows // 32))))
 
 
 def _torch_extension_launcher():
@@ -80,24 +97,38 @@ void launch_rows(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Te
       bad.data_ptr<int>(), g.stride(0), (int)g.size(1), (int)q.size(1));
 }
 void launch_cols(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad, torch::Tensor pre,
-                 bool has_pre) {
-  rotate_quantize_cols<<<(g.size(1) + 31) / 32, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      g.data_ptr<float>(), reinterpret_cast<signed char*>(q.data_ptr<int8_t>()), step.data_ptr<float>(),
-      bad.data_ptr<int>(), g.stride(0), (int)g.size(1), (int)g.size(0), (int)q.size(1),
-      has_pre ? pre.data_ptr<float>() : nullptr, has_pre && pre.dim() ? pre.stride(0) : 0);
+                 bool has_pre, int64_t splits) {
+  const int rows = g.size(1), c = g.size(0), kp = q.size(1);
+  const float* p = has_pre ? pre.data_ptr<float>() : nullptr;
+  const long long ps = has_pre && pre.dim() ? pre.stride(0) : 0;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  signed char* qp = reinterpret_cast<signed char*>(q.data_ptr<int8_t>());
+  if (splits == 0) {
+    rotate_quantize_cols<<<(rows + 31) / 32, 256, 0, stream>>>(g.data_ptr<float>(), qp, step.data_ptr<float>(),
+        bad.data_ptr<int>(), g.stride(0), rows, c, kp, p, ps);
+    return;
+  }
+  auto words = torch::zeros({3, rows}, g.options().dtype(torch::kInt32));
+  dim3 grid((rows + 31) / 32, splits);
+  unsigned* amax = reinterpret_cast<unsigned*>(words[0].data_ptr<int>());
+  rotate_cols_amax<<<grid, 256, 0, stream>>>(g.data_ptr<float>(), g.stride(0), rows, c, p, ps, amax,
+      words[1].data_ptr<int>(), words[2].data_ptr<int>());
+  rotate_cols_codes<<<grid, 256, 0, stream>>>(g.data_ptr<float>(), qp, g.stride(0), rows, c, kp, p, ps, amax,
+      words[1].data_ptr<int>(), words[2].data_ptr<int>(), step.data_ptr<float>(), bad.data_ptr<int>());
 }
 """
     decl = ("void launch_rows(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad);\n"
             "void launch_cols(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad, "
-            "torch::Tensor pre, bool has_pre);")
+            "torch::Tensor pre, bool has_pre, int64_t splits);")
     mod = load_inline("cuda_rotate", cpp_sources=decl,
                       cuda_sources=SOURCE.read_text() + wrapper, functions=["launch_rows", "launch_cols"],
                       extra_cuda_cflags=["--fmad=false", "-arch=sm_90"], verbose=False)
 
-    def launcher(kind, g, q, step, bad, pre=None):
-        if kind == "rows":
+    def launcher(variant, g, q, step, bad, pre=None):
+        if variant == "rows":
             return lambda: mod.launch_rows(g, q, step, bad)
-        return lambda: mod.launch_cols(g, q, step, bad, pre if pre is not None else step, pre is not None)
+        splits = col_splits(g.shape[1], g.shape[0]) if variant == "cols-split" else 0
+        return lambda: mod.launch_cols(g, q, step, bad, pre if pre is not None else step, pre is not None, splits)
     return launcher
 
 
@@ -139,6 +170,34 @@ def column_schedule_fwht(blocks: torch.Tensor) -> torch.Tensor:
     return v.reshape(blocks.shape)
 
 
+def code8(t: torch.Tensor) -> torch.Tensor:
+    """ref.to_int8 as float32: round half to even, clamp to +-127, NaN -> 0 (the kernels' code8)."""
+    return torch.where(t != t, torch.zeros_like(t), torch.clamp(torch.round(t), -127, 127))
+
+
+def emulated_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
+                      pre: torch.Tensor | None = None):
+    """--smoke's stand-in for the CUDA kernels, on the CPU: their lane schedules and their quantization in torch,
+    so the benchmark's plumbing and the kernels' arithmetic are checked against the Triton kernel under
+    TRITON_INTERPRET=1 before any GPU time is spent."""
+    def launch():
+        o = g if variant == "rows" else g.t()  # [rows, C]
+        if pre is not None:  # the rebuilt operand, its scale per C index (or one)
+            o = code8(o / pre) * pre
+        flags = (~torch.isfinite(o)).any(dim=1)
+        o = torch.where(torch.isfinite(o), o, torch.zeros_like(o))
+        schedule = lane_schedule_fwht if variant == "rows" else column_schedule_fwht
+        rot = schedule(o.reshape(-1, 256)).reshape(o.shape)
+        nan = torch.isnan(rot).any(dim=1)
+        amax = torch.where(torch.isnan(rot), torch.zeros_like(rot), rot.abs()).amax(dim=1)
+        st = torch.where(nan, torch.ones_like(amax), amax / torch.full_like(amax, 127.0))
+        st = torch.where(st > 0, st, torch.ones_like(st))
+        q.copy_(code8(rot / st[:, None]).to(torch.int8))
+        step.copy_(st)
+        bad.copy_(flags.to(torch.int32))
+    return launch
+
+
 def compile_launcher():
     """(how it was built, launcher(g, q, step, bad) -> launch())."""
     try:
@@ -148,10 +207,10 @@ def compile_launcher():
         return "torch.utils.cpp_extension (nvcc)", _torch_extension_launcher()
 
 
-def operand(rows: int, c: int, seed: int) -> torch.Tensor:
+def operand(rows: int, c: int, seed: int, device: str | None = None) -> torch.Tensor:
     """Normals with the edges planted in the first rows: inf, NaN, a stage overflow (inf - inf), zeros, -0.0,
     one outlier, a row of ties for the rounding."""
-    g = philox.normal(seed, 0, (rows, c), device="cuda")
+    g = philox.normal(seed, 0, (rows, c), device=device or DEVICE)
     if rows >= 8:
         g[0, 5] = float("inf")
         g[1, c - 1] = float("nan")
@@ -159,7 +218,7 @@ def operand(rows: int, c: int, seed: int) -> torch.Tensor:
         g[3] = 0.0
         g[4] = -0.0
         g[5, 17] = 1.0e30
-        g[6] = torch.arange(c, device="cuda", dtype=torch.float32) * 0.5  # many exact halves after the step
+        g[6] = torch.arange(c, device=device or DEVICE, dtype=torch.float32) * 0.5  # many exact halves after the step
     return g
 
 
@@ -176,39 +235,60 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
                                               b.contiguous().view(ints[b.element_size()]))
 
 
-def run_rebuilt(launcher, which: str, m: int, k: int, n: int) -> dict:
-    """The rebuilt operands' columns: x_hat [m, k] (one step s_x) along m, or w_hat [n, k] (s_w per row) along n."""
+def bench(fn) -> float:
+    """ms: do_bench's median on the GPU; under --smoke one call's wall time (not a measurement)."""
+    if DEVICE == "cpu":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     import triton
 
+    return triton.testing.do_bench(fn)
+
+
+def measure(launcher, variants: list[str], g: torch.Tensor, rows: int, c: int, pre, triton_pass, ref=None) -> dict:
+    """Each CUDA variant's codes, step and flags against the Triton pass's (and `ref`'s) bits, then all timed."""
+    out = {}
+    tq, ts, tb = triton_pass()
+    for variant in variants:
+        q = torch.empty((rows, c), dtype=torch.int8, device=DEVICE)
+        step = torch.empty(rows, dtype=torch.float32, device=DEVICE)
+        bad = torch.empty(rows, dtype=torch.int32, device=DEVICE)
+        launch = launcher(variant, g, q, step, bad, pre)
+        launch()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        r = {"bits_vs_triton": {"codes": same(q, tq), "step": same(step, ts), "bad": same(bad, tb)}}
+        if ref is not None:
+            rq, rs, rb = ref
+            r["bits_vs_reference"] = {"codes": same(q, rq), "step": same(step, rs), "bad": same(bad, rb)}
+        r["ms"] = bench(launch)
+        if variant == "cols-split":
+            r["splits"] = col_splits(rows, c)
+        out[variant] = r
+    return {"cuda": out, "triton_ms": bench(triton_pass), "floor_ms": rows * c * 5 / COPY_BW * 1e3}
+
+
+def run_rebuilt(launcher, which: str, m: int, k: int, n: int) -> dict:
+    """The rebuilt operands' columns: x_hat [m, k] (one step s_x) along m, or w_hat [n, k] (s_w per row) along n."""
     from kernels.triton import int8_linear as t_lin, rotated_mm as t_rot
 
-    x = philox.normal(11, 0, (m, k), device="cuda")
-    w = philox.normal(12, 0, (n, k), std=0.02, device="cuda")
-    s_x = torch.tensor(0.05, device="cuda")
+    x = philox.normal(11, 0, (m, k), device=DEVICE)
+    w = philox.normal(12, 0, (n, k), std=0.02, device=DEVICE)
+    s_x = torch.tensor(0.05, device=DEVICE)
     src, pre = (x, s_x) if which == "x_hat" else (w, t_lin._weight(w, s_x, quant=False)[0])
     c, rows = src.shape
     if c % 256:
         raise ValueError(f"{which}: C {c} is not a multiple of 256")
-    q = torch.empty((rows, c), dtype=torch.int8, device="cuda")
-    step = torch.empty(rows, dtype=torch.float32, device="cuda")
-    bad = torch.empty(rows, dtype=torch.int32, device="cuda")
-    launch = launcher("cols", src, q, step, bad, pre)
 
     def triton_pass():
         return t_rot.rotate_quantize(src, rows, c, 1, rows, block=256, pre=pre)
-    launch()
-    tq, ts, tb = triton_pass()
-    torch.cuda.synchronize()
     return {"kind": which, "m": c, "n": rows, "rows": rows, "c": c,
-            "bits_vs_triton": {"codes": same(q, tq), "step": same(step, ts), "bad": same(bad, tb)},
-            "cuda_ms": triton.testing.do_bench(launch), "triton_ms": triton.testing.do_bench(triton_pass),
-            "floor_ms": rows * c * 5 / COPY_BW * 1e3}
+            **measure(launcher, ["cols", "cols-split"], src, rows, c, pre, triton_pass)}
 
 
 def run_case(launcher, kind: str, m: int, n: int, check_reference: bool) -> dict:
     """G [m tokens, n features]: `rows` rotates G's rows along n (dx's operand), `cols` its columns along m (dw's)."""
-    import triton
-
     from kernels.triton import rotated_mm as t_rot
 
     rows, c = (m, n) if kind == "rows" else (n, m)
@@ -216,26 +296,13 @@ def run_case(launcher, kind: str, m: int, n: int, check_reference: bool) -> dict
         raise ValueError(f"--shapes {m}x{n}: the CUDA kernels take C a multiple of 256 (rows: up to {MAX_C})")
     o = operand(rows, c, seed=rows * 100003 + c)  # the operand's rows, edges planted in the first ones
     g = o if kind == "rows" else o.t().contiguous()  # as the linear's backward holds G
-    q = torch.empty((rows, c), dtype=torch.int8, device="cuda")
-    step = torch.empty(rows, dtype=torch.float32, device="cuda")
-    bad = torch.empty(rows, dtype=torch.int32, device="cuda")
-    launch = launcher(kind, g, q, step, bad)
     strides = (c, 1) if kind == "rows" else (1, rows)
 
     def triton_pass():
         return t_rot.rotate_quantize(g, rows, c, *strides, block=256)
-    launch()
-    tq, ts, tb = triton_pass()
-    torch.cuda.synchronize()
-    out = {"kind": kind, "m": m, "n": n, "rows": rows, "c": c,
-           "bits_vs_triton": {"codes": same(q, tq), "step": same(step, ts), "bad": same(bad, tb)}}
-    if check_reference:
-        rq, rs, rb = reference(o)
-        out["bits_vs_reference"] = {"codes": same(q, rq), "step": same(step, rs), "bad": same(bad, rb)}
-    out["cuda_ms"] = triton.testing.do_bench(launch)
-    out["triton_ms"] = triton.testing.do_bench(triton_pass)
-    out["floor_ms"] = rows * c * 5 / COPY_BW * 1e3
-    return out
+    variants = ["rows"] if kind == "rows" else ["cols", "cols-split"]
+    return {"kind": kind, "m": m, "n": n, "rows": rows, "c": c,
+            **measure(launcher, variants, g, rows, c, None, triton_pass, reference(o) if check_reference else None)}
 
 
 def main() -> int:
@@ -246,12 +313,26 @@ def main() -> int:
     ap.add_argument("--rebuilt", default="8192x2048x5632", help="m x k x n of x_hat's and w_hat's column passes "
                     "(x [m, k], w [n, k]); 'none' to skip")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cuda_rotate.json"))
+    ap.add_argument("--smoke", action="store_true", help="CPU, with TRITON_INTERPRET=1: the kernels' torch stand-in "
+                    "against the Triton kernel at small shapes (default --shapes 512x512, --rebuilt 512x64x256)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("error: benchmarks/cuda_rotate.py needs a CUDA device", file=sys.stderr)
-        return 2
+    global DEVICE
     t0 = time.perf_counter()
-    built, launcher = compile_launcher()
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("error: --smoke runs the Triton kernel on the CPU: set TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        DEVICE = "cpu"
+        if args.shapes == ap.get_default("shapes"):
+            args.shapes = ["512x512"]
+        if args.rebuilt == ap.get_default("rebuilt"):
+            args.rebuilt = "512x64x256"
+        built, launcher = "torch stand-in (--smoke)", emulated_launcher
+    elif not torch.cuda.is_available():
+        print("error: benchmarks/cuda_rotate.py needs a CUDA device (or --smoke)", file=sys.stderr)
+        return 2
+    else:
+        built, launcher = compile_launcher()
     print(f"compiled with {built} in {time.perf_counter() - t0:.1f} s", flush=True)
     results = []
     for i, shape in enumerate(args.shapes):
@@ -264,19 +345,20 @@ def main() -> int:
         for which in ("x_hat", "w_hat"):
             results.append(run_rebuilt(launcher, which, m, k, n))
             print(results[-1], flush=True)
-    print("\n| G (m x n) | pass | bits: CUDA = Triton (codes, step, bad) | CUDA ms | Triton ms | Triton / CUDA | "
-          "floor ms | CUDA / floor |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| operand (C x rows) | pass | CUDA variant | bits = Triton (codes, step, bad) | CUDA ms | Triton ms | "
+          "Triton / CUDA | floor ms | CUDA / floor |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        bits = "yes" if all(r["bits_vs_triton"].values()) else f"NO {r['bits_vs_triton']}"
-        print(f"| {r['m']}x{r['n']} | {r['kind']} | {bits} | {r['cuda_ms']:.3f} | {r['triton_ms']:.3f} | "
-              f"{r['triton_ms'] / r['cuda_ms']:.2f}x | {r['floor_ms']:.3f} | {r['cuda_ms'] / r['floor_ms']:.1f}x |")
-    for r in results:
-        if "bits_vs_reference" in r:
-            print(f"CUDA = reference ({r['m']}x{r['n']}, {r['kind']}): {r['bits_vs_reference']}")
+        for variant, v in r["cuda"].items():
+            bits = "yes" if all(v["bits_vs_triton"].values()) else f"NO {v['bits_vs_triton']}"
+            name = variant + (f" ({v['splits']} splits)" if "splits" in v else "")
+            print(f"| {r['c']}x{r['rows']} | {r['kind']} | {name} | {bits} | {v['ms']:.3f} | {r['triton_ms']:.3f} | "
+                  f"{r['triton_ms'] / v['ms']:.2f}x | {r['floor_ms']:.3f} | {v['ms'] / r['floor_ms']:.1f}x |")
+            if "bits_vs_reference" in v:
+                print(f"|  |  | = the reference: {v['bits_vs_reference']} |  |  |  |  |  |  |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "built": built,
                                           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                          "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                          "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
                                           "rows": results}, indent=1))
     print(f"wrote {args.out}")
     return 0
