@@ -6,8 +6,9 @@ and their steps (`x_hat`, `w_hat`; the column kernel with its pre-scale).
 
     python3 benchmarks/cuda_rotate.py [--shapes 8192x5632 8192x2048 8192x11264] [--kinds rows cols]
                                       [--rebuilt 8192x2048x5632] [--out FILE]
+    TRITON_INTERPRET=1 python3 benchmarks/cuda_rotate.py --smoke   # CPU: the kernels' torch stand-in, small shapes
 
-Nothing in the step uses the CUDA kernel. It answers one question before anything is integrated: does a
+Nothing in the step uses these kernels. The benchmark answers one question before anything is integrated: does a
 kernel whose butterflies move between lanes by warp shuffles (Triton 3.6 has none) beat the Triton kernel's
 float32 scratch row, and by how much? The rotate-quantize passes are ~80 ms of the 24-layer step, at 4-17x
 their floor (docs/perf.md). The floor here is 4 bytes read and 1 written an element, at the 4.3 TB/s that
