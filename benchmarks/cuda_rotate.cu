@@ -157,18 +157,23 @@ __device__ __forceinline__ void rotate_column(float e[8], int lane) {
 __device__ __forceinline__ int load_tile(float (*tile)[COLS + 1], const float* __restrict__ src, long long s_col,
                                          long long c0, int j0, bool live_col, const float* __restrict__ pre,
                                          long long pre_stride, int warp, int lane) {
+  constexpr int N = BLOCK / WARPS;  // tile rows warp + 8 i of column lane: all N loads issued before any use
+  float x[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = live_col ? src[(c0 + warp + WARPS * i) * s_col + j0 + lane] : 0.0f;
+  if (pre != nullptr) {
+    float sc[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) sc[i] = pre[(c0 + warp + WARPS * i) * pre_stride];
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __fmul_rn(code8(__fdiv_rn(x[i], sc[i])), sc[i]);
+  }
   int bad = 0;
-#pragma unroll 8
-  for (int i = 0; i < BLOCK / WARPS; ++i) {  // tile row warp + 8 i, column lane
-    const int cc = warp + WARPS * i;
-    float x = live_col ? src[(c0 + cc) * s_col + j0 + lane] : 0.0f;
-    if (pre != nullptr) {
-      const float sc = pre[(c0 + cc) * pre_stride];
-      x = __fmul_rn(code8(__fdiv_rn(x, sc)), sc);
-    }
-    const bool ok = finite(x);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const bool ok = finite(x[i]);
     bad |= !ok;
-    tile[cc][lane] = ok ? x : 0.0f;
+    tile[warp + WARPS * i][lane] = ok ? x[i] : 0.0f;
   }
   return bad;
 }
