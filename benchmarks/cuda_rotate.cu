@@ -24,6 +24,34 @@ __device__ __forceinline__ float code8(float t) {  // ref.to_int8 as float: roun
   return t != t ? 0.0f : fminf(fmaxf(rintf(t), -127.0f), 127.0f);
 }
 
+// symmetric_step: amax / 127 as a tensor division; a NaN amax (or 0) gives step 1
+__device__ __forceinline__ float symmetric_step(float amax, int nan) {
+  const float s = nan ? 1.0f : __fdiv_rn(amax, 127.0f);
+  return s > 0.0f ? s : 1.0f;
+}
+
+// the largest |v| of 8 rotated values, and whether one is NaN (fmaxf drops a NaN; torch.amax keeps it)
+__device__ __forceinline__ void take_max(const float e[8], float& amax, int& nan) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    nan |= e[k] != e[k];
+    amax = fmaxf(amax, fabsf(e[k]));
+  }
+}
+
+// over the warp's lanes: a max and an or, exact in any order
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, m));
+  return x;
+}
+
+__device__ __forceinline__ int warp_or(int x) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) x |= __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
                      int* __restrict__ bad_out, long long s_row, int c, int kp) {
@@ -75,20 +103,13 @@ rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ co
           e[k] = upper ? __fsub_rn(other, e[k]) : __fadd_rn(e[k], other);
         }
       }
-#pragma unroll
-      for (int k = 0; k < PER_LANE; ++k) {
-        nan |= e[k] != e[k];  // fmaxf drops a NaN; torch.amax keeps it (then the step is 1)
-        amax = fmaxf(amax, fabsf(e[k]));
-      }
+      take_max(e, amax, nan);
     }
   }
-  // the row's largest |rotated|, and its flags: a max and two ors, exact in any order
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    bad |= __shfl_xor_sync(0xffffffffu, bad, m);
-    nan |= __shfl_xor_sync(0xffffffffu, nan, m);
-  }
+  // the row's largest |rotated|, and its flags
+  amax = warp_max(amax);
+  bad = warp_or(bad);
+  nan = warp_or(nan);
   __shared__ float s_amax[WARPS];
   __shared__ int s_bad[WARPS], s_nan[WARPS];
   if (lane == 0) { s_amax[warp] = amax; s_bad[warp] = bad; s_nan[warp] = nan; }
@@ -96,9 +117,7 @@ rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ co
   amax = s_amax[0]; bad = s_bad[0]; nan = s_nan[0];
 #pragma unroll
   for (int w = 1; w < WARPS; ++w) { amax = fmaxf(amax, s_amax[w]); bad |= s_bad[w]; nan |= s_nan[w]; }
-  // symmetric_step: amax / 127 as a tensor division; a NaN amax (or 0) gives step 1
-  float step = nan ? 1.0f : __fdiv_rn(amax, 127.0f);
-  step = step > 0.0f ? step : 1.0f;
+  const float step = symmetric_step(amax, nan);
   if (threadIdx.x == 0) { step_out[row] = step; bad_out[row] = bad; }
   signed char* q = codes + row * (long long)kp;
 #pragma unroll
@@ -178,6 +197,38 @@ __device__ __forceinline__ int load_tile(float (*tile)[COLS + 1], const float* _
   return bad;
 }
 
+// column jj of the tile, rotated: lane l gets C indices 32k + l (shared-memory reads one row a lane)
+__device__ __forceinline__ void tile_column(float (*tile)[COLS + 1], int jj, int lane, float e[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) e[k] = tile[32 * k + lane][jj];
+  rotate_column(e, lane);
+}
+
+// a rotated column's codes for the block at out (its C indices 32k + l from lane l)
+__device__ __forceinline__ void store_column_codes(signed char* out, const float e[8], float step, int lane) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) out[32 * k + lane] = (signed char)code8(__fdiv_rn(e[k], step));
+}
+
+// warp 0's lane l: the or over the warps of the flags of tile column l (each thread loaded column lane)
+__device__ __forceinline__ int column_flags(int (*s_bad)[COLS], int bad, int warp, int lane) {
+  s_bad[warp][lane] = bad;
+  __syncthreads();
+  int any = 0;
+  if (warp == 0) {
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) any |= s_bad[w][lane];
+  }
+  return any;
+}
+
+// C indices c .. kp - 1 (the 16-padding) of the CTA's columns are zero codes, as the Triton kernel writes them
+__device__ __forceinline__ void zero_padding(signed char* codes, int j0, int rows, int c, int kp) {
+  for (int j = 0; j < COLS; ++j)
+    if (j0 + j < rows)
+      for (int i = c + threadIdx.x; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
+}
+
 // pre (may be null): the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
 // (x_hat with one step: pre_stride 0; w_hat with a step per C index: pre_stride 1); its flags are the rebuilt
 // value's.
@@ -187,71 +238,46 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
                      const float* __restrict__ pre, long long pre_stride) {
   __shared__ float tile[BLOCK][COLS + 1];
   __shared__ int s_bad[WARPS][COLS];
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int j0 = blockIdx.x * COLS;
-  const int nblocks = c / BLOCK;
-  const bool live_col = j0 + lane < rows;  // the tile column this thread loads (t % 32 == lane)
+  const bool live_col = j0 + lane < rows;  // the tile column this thread loads (threadIdx.x % 32 == lane)
   int bad = 0;
   float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f}, step[4];
   int nan[4] = {0, 0, 0, 0};
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int b = 0; b < nblocks; ++b) {
-      const long long c0 = (long long)b * BLOCK;
-      bad |= load_tile(tile, src, s_col, c0, j0, live_col, pre, pre_stride, warp, lane);
-      __syncthreads();
+  for (int b = 0; b < c / BLOCK; ++b) {  // the step: every block rotated once
+    bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, pre, pre_stride, warp, lane);
+    __syncthreads();
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int jj = 4 * warp + q;
-        float e[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) e[k] = tile[32 * k + lane][jj];
-        rotate_column(e, lane);
-        if (pass == 0) {
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            nan[q] |= e[k] != e[k];
-            amax[q] = fmaxf(amax[q], fabsf(e[k]));
-          }
-        } else if (j0 + jj < rows) {
-          signed char* out = codes + (long long)(j0 + jj) * kp + c0;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            out[32 * k + lane] = (signed char)code8(__fdiv_rn(e[k], step[q]));
-          }
-        }
-      }
-      __syncthreads();  // the tile is read by all before the next block overwrites it
+    for (int q = 0; q < 4; ++q) {
+      float e[8];
+      tile_column(tile, 4 * warp + q, lane, e);
+      take_max(e, amax[q], nan[q]);
     }
-    if (pass == 0) {
+    __syncthreads();  // the tile is read by all before the next block overwrites it
+  }
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {  // each column's largest |rotated| over its warp's lanes, then its step
+  for (int q = 0; q < 4; ++q) step[q] = symmetric_step(warp_max(amax[q]), warp_or(nan[q]));
+  for (int b = 0; b < c / BLOCK; ++b) {  // the codes: every block rotated again
+    const long long c0 = (long long)b * BLOCK;
+    load_tile(tile, src, s_col, c0, j0, live_col, pre, pre_stride, warp, lane);
+    __syncthreads();
 #pragma unroll
-        for (int m = 16; m > 0; m >>= 1) {
-          amax[q] = fmaxf(amax[q], __shfl_xor_sync(0xffffffffu, amax[q], m));
-          nan[q] |= __shfl_xor_sync(0xffffffffu, nan[q], m);
-        }
-        float s = nan[q] ? 1.0f : __fdiv_rn(amax[q], 127.0f);
-        step[q] = s > 0.0f ? s : 1.0f;
-      }
+    for (int q = 0; q < 4; ++q) {
+      const int jj = 4 * warp + q;
+      float e[8];
+      tile_column(tile, jj, lane, e);
+      if (j0 + jj < rows) store_column_codes(codes + (long long)(j0 + jj) * kp + c0, e, step[q], lane);
     }
+    __syncthreads();
   }
-  s_bad[warp][lane] = bad;  // the flags of column `lane` from this warp's tile rows
-  __syncthreads();
-  if (warp == 0 && live_col) {
-    int any = 0;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) any |= s_bad[w][lane];
-    bad_out[j0 + lane] = any;
-  }
+  const int any = column_flags(s_bad, bad, warp, lane);
+  if (warp == 0 && live_col) bad_out[j0 + lane] = any;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const int jj = 4 * warp + q;
-    if (lane == 0 && j0 + jj < rows) step_out[j0 + jj] = step[q];
+    const int j = j0 + 4 * warp + q;
+    if (lane == 0 && j < rows) step_out[j] = step[q];
   }
-  // C indices c .. kp - 1 (the 16-padding) are zero codes, as the Triton kernel writes them
-  for (int j = 0; j < COLS; ++j)
-    if (j0 + j < rows)
-      for (int i = c + t; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
+  zero_padding(codes, j0, rows, c, kp);
 }
 
 // The columns with C split over CTAs (grid: column groups x splits), for shapes with few column groups: x_hat's
@@ -266,7 +292,7 @@ rotate_cols_amax(const float* __restrict__ src, long long s_col, int rows, int c
                  int* __restrict__ bad_out) {
   __shared__ float tile[BLOCK][COLS + 1];
   __shared__ int s_bad[WARPS][COLS];
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int j0 = blockIdx.x * COLS;
   const bool live_col = j0 + lane < rows;
   float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -277,38 +303,23 @@ rotate_cols_amax(const float* __restrict__ src, long long s_col, int rows, int c
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       float e[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) e[k] = tile[32 * k + lane][4 * warp + q];
-      rotate_column(e, lane);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        nan[q] |= e[k] != e[k];
-        amax[q] = fmaxf(amax[q], fabsf(e[k]));
-      }
+      tile_column(tile, 4 * warp + q, lane, e);
+      take_max(e, amax[q], nan[q]);
     }
     __syncthreads();
   }
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) {
-      amax[q] = fmaxf(amax[q], __shfl_xor_sync(0xffffffffu, amax[q], m));
-      nan[q] |= __shfl_xor_sync(0xffffffffu, nan[q], m);
-    }
+    const float m = warp_max(amax[q]);
+    const int n = warp_or(nan[q]);
     const int j = j0 + 4 * warp + q;
     if (lane == 0 && j < rows) {
-      atomicMax(amax_bits + j, __float_as_uint(amax[q]));
-      if (nan[q]) atomicOr(nan_out + j, 1);
+      atomicMax(amax_bits + j, __float_as_uint(m));
+      if (n) atomicOr(nan_out + j, 1);
     }
   }
-  s_bad[warp][lane] = bad;
-  __syncthreads();
-  if (warp == 0 && live_col) {
-    int any = 0;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) any |= s_bad[w][lane];
-    if (any) atomicOr(bad_out + j0 + lane, 1);
-  }
+  const int any = column_flags(s_bad, bad, warp, lane);
+  if (warp == 0 && live_col && any) atomicOr(bad_out + j0 + lane, 1);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -317,16 +328,14 @@ rotate_cols_codes(const float* __restrict__ src, signed char* __restrict__ codes
                   const int* __restrict__ nan_in, const int* __restrict__ bad_in, float* __restrict__ step_out,
                   int* __restrict__ bad_out) {
   __shared__ float tile[BLOCK][COLS + 1];
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int j0 = blockIdx.x * COLS;
   const bool live_col = j0 + lane < rows;
   float step[4];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {  // symmetric_step of the column's amax (a NaN amax: step 1)
+  for (int q = 0; q < 4; ++q) {
     const int j = j0 + 4 * warp + q;
-    float s = 1.0f;
-    if (j < rows && !nan_in[j]) s = __fdiv_rn(__uint_as_float(amax_bits[j]), 127.0f);
-    step[q] = s > 0.0f ? s : 1.0f;
+    step[q] = j < rows ? symmetric_step(__uint_as_float(amax_bits[j]), nan_in[j]) : 1.0f;
     if (blockIdx.y == 0 && lane == 0 && j < rows) { step_out[j] = step[q]; bad_out[j] = bad_in[j]; }
   }
   for (int b = blockIdx.y; b < c / BLOCK; b += gridDim.y) {
@@ -337,19 +346,10 @@ rotate_cols_codes(const float* __restrict__ src, signed char* __restrict__ codes
     for (int q = 0; q < 4; ++q) {
       const int jj = 4 * warp + q;
       float e[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) e[k] = tile[32 * k + lane][jj];
-      rotate_column(e, lane);
-      if (j0 + jj < rows) {
-        signed char* out = codes + (long long)(j0 + jj) * kp + c0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) out[32 * k + lane] = (signed char)code8(__fdiv_rn(e[k], step[q]));
-      }
+      tile_column(tile, jj, lane, e);
+      if (j0 + jj < rows) store_column_codes(codes + (long long)(j0 + jj) * kp + c0, e, step[q], lane);
     }
     __syncthreads();
   }
-  if (blockIdx.y == 0)  // C indices c .. kp - 1 (the 16-padding) are zero codes
-    for (int j = 0; j < COLS; ++j)
-      if (j0 + j < rows)
-        for (int i = c + t; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
+  if (blockIdx.y == 0) zero_padding(codes, j0, rows, c, kp);
 }

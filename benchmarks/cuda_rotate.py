@@ -53,23 +53,22 @@ def _cupy_launcher():
         i64, i32 = np.int64, np.int32
         # the pre-scale: a null pointer, or the steps and their stride (0: one step)
         pre_args = (np.uint64(0), i64(0)) if pre is None else (dl(pre), i64(pre.stride(0) if pre.dim() else 0))
-        kp = q.shape[1]
-        words = None
+        kp, words = q.shape[1], None
+        gq, qq, sq, bq = (dl(t) for t in (g, q, step, bad))
         if variant == "rows":
             calls = [(fn["rotate_quantize_rows"], (g.shape[0],),
-                      (dl(g), dl(q), dl(step), dl(bad), i64(g.stride(0)), i32(g.shape[1]), i32(kp)))]
-        elif variant == "cols":  # g [C, rows]: its columns are the operand's rows, 32 a CTA
+                      (gq, qq, sq, bq, i64(g.stride(0)), i32(g.shape[1]), i32(kp)))]
+        else:  # g [C, rows]: its columns are the operand's rows, 32 a CTA
             rows, c = g.shape[1], g.shape[0]
-            calls = [(fn["rotate_quantize_cols"], (-(-rows // 32),),
-                      (dl(g), dl(q), dl(step), dl(bad), i64(g.stride(0)), i32(rows), i32(c), i32(kp), *pre_args))]
-        else:
-            rows, c = g.shape[1], g.shape[0]
-            grid = (-(-rows // 32), col_splits(rows, c))
-            words = torch.zeros((3, rows), dtype=torch.int32, device=g.device)  # amax bits, NaN, flag
-            w = tuple(dl(words[k]) for k in range(3))
-            calls = [(fn["rotate_cols_amax"], grid, (dl(g), i64(g.stride(0)), i32(rows), i32(c), *pre_args, *w)),
-                     (fn["rotate_cols_codes"], grid,
-                      (dl(g), dl(q), i64(g.stride(0)), i32(rows), i32(c), i32(kp), *pre_args, *w, dl(step), dl(bad)))]
+            head = (i64(g.stride(0)), i32(rows), i32(c))
+            if variant == "cols":
+                calls = [(fn["rotate_quantize_cols"], (-(-rows // 32),), (gq, qq, sq, bq, *head, i32(kp), *pre_args))]
+            else:
+                grid = (-(-rows // 32), col_splits(rows, c))
+                words = torch.zeros((3, rows), dtype=torch.int32, device=g.device)  # amax bits, NaN, flag
+                w = tuple(dl(words[k]) for k in range(3))
+                calls = [(fn["rotate_cols_amax"], grid, (gq, *head, *pre_args, *w)),
+                         (fn["rotate_cols_codes"], grid, (gq, qq, *head, i32(kp), *pre_args, *w, sq, bq))]
 
         def launch():
             with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # torch's stream: ordered, timed
@@ -133,47 +132,39 @@ void launch_cols(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Te
     return launcher
 
 
-def lane_schedule_fwht(blocks: torch.Tensor) -> torch.Tensor:
-    """The CUDA kernel's butterflies in torch, for a CPU test against the reference: blocks [n, 256] float32 laid
-    out as the kernel holds them ([n, 32 lanes, 8]), the in-lane stages, then each lane-exchange stage."""
-    v = blocks.reshape(-1, 32, 8).clone()
-    h = 1
-    while h < 8:
-        k = torch.arange(8)
+def _in_lane_stages(v: torch.Tensor, regs: int) -> torch.Tensor:
+    """Stages pairing registers k and k + h (h = 1, 2, 4) inside each lane; `regs` is the dim of the 8 registers."""
+    v = v.movedim(regs, -1).clone()
+    k = torch.arange(8)
+    for h in (1, 2, 4):
         lower = k[(k & h) == 0]
         a, b = v[..., lower], v[..., lower + h]
         v[..., lower], v[..., lower + h] = a + b, a - b
-        h *= 2
+    return v.movedim(-1, regs)
+
+
+def _lane_exchanges(v: torch.Tensor, lanes_dim: int) -> torch.Tensor:
+    """Stages pairing lane l with lane l ^ m (m = 1 .. 16), as __shfl_xor_sync: the upper lane takes partner - own."""
+    v = v.movedim(lanes_dim, -1)
     lanes = torch.arange(32)
     for m in (1, 2, 4, 8, 16):
-        other = v[:, lanes ^ m]  # __shfl_xor_sync(e[k], m)
-        upper = ((lanes & m) != 0)[None, :, None]
-        v = torch.where(upper, other - v, v + other)
-    return v.reshape(blocks.shape)
+        other = v[..., lanes ^ m]
+        v = torch.where((lanes & m) != 0, other - v, v + other)
+    return v.movedim(-1, lanes_dim)
+
+
+def lane_schedule_fwht(blocks: torch.Tensor) -> torch.Tensor:
+    """The row kernel's butterflies in torch, for a CPU test against the reference: blocks [n, 256] float32 laid
+    out as the kernel holds them ([n, 32 lanes, 8]), the in-lane stages, then each lane-exchange stage."""
+    v = _in_lane_stages(blocks.reshape(-1, 32, 8), 2)
+    return _lane_exchanges(v, 1).reshape(blocks.shape)
 
 
 def column_schedule_fwht(blocks: torch.Tensor) -> torch.Tensor:
     """The column kernel's butterflies in torch: element 32 k + l in register k of lane l ([n, 8, 32]); the lane
     exchanges (stages 1 .. 16), then the in-lane stages (32, 64, 128)."""
-    v = blocks.reshape(-1, 8, 32).clone()
-    lanes = torch.arange(32)
-    for m in (1, 2, 4, 8, 16):
-        other = v[:, :, lanes ^ m]
-        upper = ((lanes & m) != 0)[None, None, :]
-        v = torch.where(upper, other - v, v + other)
-    h = 1
-    while h < 8:
-        k = torch.arange(8)
-        lower = k[(k & h) == 0]
-        a, b = v[:, lower], v[:, lower + h]
-        v[:, lower], v[:, lower + h] = a + b, a - b
-        h *= 2
-    return v.reshape(blocks.shape)
-
-
-def code8(t: torch.Tensor) -> torch.Tensor:
-    """ref.to_int8 as float32: round half to even, clamp to +-127, NaN -> 0 (the kernels' code8)."""
-    return torch.where(t != t, torch.zeros_like(t), torch.clamp(torch.round(t), -127, 127))
+    v = _lane_exchanges(blocks.reshape(-1, 8, 32), 2)
+    return _in_lane_stages(v, 1).reshape(blocks.shape)
 
 
 def emulated_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
@@ -184,7 +175,7 @@ def emulated_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torc
     def launch():
         o = g if variant == "rows" else g.t()  # [rows, C]
         if pre is not None:  # the rebuilt operand, its scale per C index (or one)
-            o = code8(o / pre) * pre
+            o = r_rot.to_int8(o / pre).to(torch.float32) * pre
         flags = (~torch.isfinite(o)).any(dim=1)
         o = torch.where(torch.isfinite(o), o, torch.zeros_like(o))
         schedule = lane_schedule_fwht if variant == "rows" else column_schedule_fwht
@@ -193,7 +184,7 @@ def emulated_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torc
         amax = torch.where(torch.isnan(rot), torch.zeros_like(rot), rot.abs()).amax(dim=1)
         st = torch.where(nan, torch.ones_like(amax), amax / torch.full_like(amax, 127.0))
         st = torch.where(st > 0, st, torch.ones_like(st))
-        q.copy_(code8(rot / st[:, None]).to(torch.int8))
+        q.copy_(r_rot.to_int8(rot / st[:, None]))
         step.copy_(st)
         bad.copy_(flags.to(torch.int32))
     return launch
@@ -359,7 +350,8 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "built": built,
                                           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                          "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
+                                          "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+                                          "torch": torch.__version__,
                                           "rows": results}, indent=1))
     print(f"wrote {args.out}")
     return 0

@@ -14,16 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.cuda_rotate import lane_schedule_fwht
+from benchmarks.cuda_rotate import lane_schedule_fwht, same
 from kernels.ref import philox
 from kernels.ref.hadamard import block_hadamard
 from kernels.ref.fixed import pow2
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def test_the_lane_schedule_gives_the_reference_bits():
@@ -32,7 +28,7 @@ def test_the_lane_schedule_gives_the_reference_bits():
     x = x * pow2(philox.random_bits(3, 1, n * 256).reshape(n, 256) % 41 - 20).to(torch.float32)  # rounding in every stage
     x[0, :] = 3.0e38  # overflow to inf, then inf - inf: NaN where the reference has it
     x[1, :] = -0.0
-    assert _bits_equal(lane_schedule_fwht(x), block_hadamard(x, dim=1, block=256))
+    assert same(lane_schedule_fwht(x), block_hadamard(x, dim=1, block=256))
 
 
 def test_the_upper_lane_takes_partner_minus_own():
@@ -53,7 +49,7 @@ def test_the_column_kernels_schedule_gives_the_reference_bits():
     x = philox.normal(4, 0, (n, 256))
     x = x * pow2(philox.random_bits(4, 1, n * 256).reshape(n, 256) % 41 - 20).to(torch.float32)
     x[0, :] = 3.0e38
-    assert _bits_equal(column_schedule_fwht(x), block_hadamard(x, dim=1, block=256))
+    assert same(column_schedule_fwht(x), block_hadamard(x, dim=1, block=256))
 
 
 def _run(variant, g, rows, c, pre=None):
