@@ -1,11 +1,11 @@
-"""Compile benchmarks/cuda_rotate.cu for sm_90 on a machine with no GPU and no nvcc: NVRTC to PTX, then ptxas's
+"""Compile kernels/cuda/rotate_quantize.cu for sm_90 on a machine with no GPU and no nvcc: NVRTC to PTX, then ptxas's
 register, spill and shared-memory report per kernel, and the SASS's instruction counts that matter here.
 
     python3 -m pip download --no-deps -d /tmp/cuda-wheels nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
-    python3 benchmarks/cuda_offline.py --wheels /tmp/cuda-wheels [--source benchmarks/cuda_rotate.cu]
+    python3 benchmarks/cuda_offline.py --wheels /tmp/cuda-wheels [--source kernels/cuda/rotate_quantize.cu]
 
 The wheels are unpacked under the --wheels folder; cuobjdump is Triton's (pip install triton), when present.
-Only for looking at the code: the GPU machine builds its own (benchmarks/cuda_rotate.py).
+Only for looking at the code: the GPU machine builds its own (kernels/cuda/rotate.py).
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def sass_counts(cubin: Path) -> dict[str, dict[str, int]] | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wheels", required=True, type=Path, help="folder with the nvrtc and nvcc wheels")
-    ap.add_argument("--source", type=Path, default=ROOT / "benchmarks" / "cuda_rotate.cu")
+    ap.add_argument("--source", type=Path, default=ROOT / "kernels" / "cuda" / "rotate_quantize.cu")
     args = ap.parse_args()
     lib, ptxas = unpack(args.wheels)
     with tempfile.TemporaryDirectory() as tmp:

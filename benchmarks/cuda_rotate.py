@@ -1,19 +1,17 @@
-"""CUDA rotate-quantize kernels (benchmarks/cuda_rotate.cu) against the Triton kernel
+"""rotate_quantize's CUDA kernels (kernels/cuda/rotate_quantize.cu) against its Triton kernel
 (kernels/triton/rotated_mm.rotate_quantize) in one run: bits compared, then both timed against the floor. Two
 of the int8 linear backward's passes over G [m tokens, n features]: its rows along n (dx's operand, `rows`)
 and its columns along m (dw's, `cols`); and the other two, the columns of x_hat and w_hat, rebuilt from x and w
-and their steps (`x_hat`, `w_hat`; the column kernel with its pre-scale).
+and their steps (`x_hat`, `w_hat`; the column kernels with their pre-scale).
 
     python3 benchmarks/cuda_rotate.py [--shapes 8192x5632 8192x2048 8192x11264] [--kinds rows cols]
                                       [--rebuilt 8192x2048x5632] [--out FILE]
     TRITON_INTERPRET=1 python3 benchmarks/cuda_rotate.py --smoke   # CPU: the kernels' torch stand-in, small shapes
 
-Nothing in the step uses these kernels. The benchmark answers one question before anything is integrated: does a
-kernel whose butterflies move between lanes by warp shuffles (Triton 3.6 has none) beat the Triton kernel's
-float32 scratch row, and by how much? The rotate-quantize passes are ~80 ms of the 24-layer step, at 4-17x
-their floor (docs/perf.md). The floor here is 4 bytes read and 1 written an element, at the 4.3 TB/s that
-a device copy reaches on the H200. The CUDA source is compiled at run time by CuPy (NVRTC), or else by
-torch.utils.cpp_extension (nvcc); the GPU machine has both.
+Each CUDA variant is timed (rows; cols in one launch; cols-split, C over CTAs in two launches), whichever the
+backend would pick: rotate_quantize takes rows for C-contiguous operands, and cols-split for strided ones
+whenever it has more than one split. The floor is 4 bytes read and 1 written an element, at the 4.3 TB/s that a
+device copy reaches on the H200. The kernels are built as the backend builds them (NVRTC through torch).
 """
 from __future__ import annotations
 
@@ -28,108 +26,31 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from kernels.cuda import rotate as cuda_rotate  # noqa: E402
 from kernels.ref import fixed, philox, rotated_mm as r_rot  # noqa: E402
 from kernels.ref.hadamard import block_hadamard  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "benchmarks" / "cuda_rotate.cu"
 COPY_BW = 4.3e12  # bytes/s, a device-to-device copy through PyTorch on the H200 (KINDS.md)
-THREADS = 256
-MAX_C = 8 * 8 * 256  # the row kernel holds a row of up to 16,384 elements in registers
+MAX_C = cuda_rotate.MAX_ROW_C  # the row kernel holds a row of up to 16,384 elements in registers
 DEVICE = "cuda"  # "cpu" under --smoke
 
 
-def _cupy_launcher():
-    import cupy as cp
-    import numpy as np
-
-    module = cp.RawModule(code=SOURCE.read_text(), options=("--fmad=false", "-std=c++17"))
-    fn = {name: module.get_function(name) for name in
-          ("rotate_quantize_rows", "rotate_quantize_cols", "rotate_cols_amax", "rotate_cols_codes")}
-
-    def launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
-                 pre: torch.Tensor | None = None):
-        dl = cp.from_dlpack
-        i64, i32 = np.int64, np.int32
-        # the pre-scale: a null pointer, or the steps and their stride (0: one step)
-        pre_args = (np.uint64(0), i64(0)) if pre is None else (dl(pre), i64(pre.stride(0) if pre.dim() else 0))
-        kp, words = q.shape[1], None
-        gq, qq, sq, bq = (dl(t) for t in (g, q, step, bad))
-        if variant == "rows":
-            calls = [(fn["rotate_quantize_rows"], (g.shape[0],),
-                      (gq, qq, sq, bq, i64(g.stride(0)), i32(g.shape[1]), i32(kp)))]
-        else:  # g [C, rows]: its columns are the operand's rows, 32 a CTA
-            rows, c = g.shape[1], g.shape[0]
-            head = (i64(g.stride(0)), i32(rows), i32(c))
-            if variant == "cols":
-                calls = [(fn["rotate_quantize_cols"], (-(-rows // 32),), (gq, qq, sq, bq, *head, i32(kp), *pre_args))]
-            else:
-                grid = (-(-rows // 32), col_splits(rows, c))
-                words = torch.zeros((3, rows), dtype=torch.int32, device=g.device)  # amax bits, NaN, flag
-                w = tuple(dl(words[k]) for k in range(3))
-                calls = [(fn["rotate_cols_amax"], grid, (gq, *head, *pre_args, *w)),
-                         (fn["rotate_cols_codes"], grid, (gq, qq, *head, i32(kp), *pre_args, *w, sq, bq))]
-
-        def launch():
-            with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # torch's stream: ordered, timed
-                if words is not None:
-                    words.zero_()
-                for kernel, grid_, args in calls:
-                    kernel(grid_, (THREADS,), args)
-        return launch
-    return launcher
+def cuda_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
+                  pre: torch.Tensor | None = None):
+    """launch() of one variant of kernels/cuda/rotate.py on G as the backward holds it: rows of g ("rows"), or
+    the columns of g [C, rows] ("cols", "cols-split")."""
+    if variant == "rows":
+        rows, c, s_row, s_col = g.shape[0], g.shape[1], g.stride(0), 1
+    else:
+        rows, c, s_row, s_col = g.shape[1], g.shape[0], 1, g.stride(0)
+    assert cuda_rotate.layout(g, rows, c, s_row, s_col, 256, pre) == variant.split("-")[0], variant
+    return lambda: cuda_rotate.run(variant, g, rows, c, s_row, s_col, pre, q, step, bad)
 
 
 def col_splits(rows: int, c: int) -> int:
-    """Splits of C for the split column kernels: ~4 CTAs an SM (132 SMs), at most one Hadamard block each."""
-    return max(1, min(c // 256, -(-4 * 132 // -(-rows // 32))))
-
-
-def _torch_extension_launcher():
-    from torch.utils.cpp_extension import load_inline
-
-    wrapper = r"""
-#include <torch/extension.h>
-#include <c10/cuda/CUDAStream.h>
-void launch_rows(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad) {
-  rotate_quantize_rows<<<g.size(0), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      g.data_ptr<float>(), reinterpret_cast<signed char*>(q.data_ptr<int8_t>()), step.data_ptr<float>(),
-      bad.data_ptr<int>(), g.stride(0), (int)g.size(1), (int)q.size(1));
-}
-void launch_cols(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad, torch::Tensor pre,
-                 bool has_pre, int64_t splits) {
-  const int rows = g.size(1), c = g.size(0), kp = q.size(1);
-  const float* p = has_pre ? pre.data_ptr<float>() : nullptr;
-  const long long ps = has_pre && pre.dim() ? pre.stride(0) : 0;
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  signed char* qp = reinterpret_cast<signed char*>(q.data_ptr<int8_t>());
-  if (splits == 0) {
-    rotate_quantize_cols<<<(rows + 31) / 32, 256, 0, stream>>>(g.data_ptr<float>(), qp, step.data_ptr<float>(),
-        bad.data_ptr<int>(), g.stride(0), rows, c, kp, p, ps);
-    return;
-  }
-  auto words = torch::zeros({3, rows}, g.options().dtype(torch::kInt32));
-  dim3 grid((rows + 31) / 32, splits);
-  unsigned* amax = reinterpret_cast<unsigned*>(words[0].data_ptr<int>());
-  rotate_cols_amax<<<grid, 256, 0, stream>>>(g.data_ptr<float>(), g.stride(0), rows, c, p, ps, amax,
-      words[1].data_ptr<int>(), words[2].data_ptr<int>());
-  rotate_cols_codes<<<grid, 256, 0, stream>>>(g.data_ptr<float>(), qp, g.stride(0), rows, c, kp, p, ps, amax,
-      words[1].data_ptr<int>(), words[2].data_ptr<int>(), step.data_ptr<float>(), bad.data_ptr<int>());
-}
-"""
-    decl = ("void launch_rows(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad);\n"
-            "void launch_cols(torch::Tensor g, torch::Tensor q, torch::Tensor step, torch::Tensor bad, "
-            "torch::Tensor pre, bool has_pre, int64_t splits);")
-    mod = load_inline("cuda_rotate", cpp_sources=decl,
-                      cuda_sources=SOURCE.read_text() + wrapper, functions=["launch_rows", "launch_cols"],
-                      extra_cuda_cflags=["--fmad=false", "-arch=sm_90"], verbose=False)
-
-    def launcher(variant, g, q, step, bad, pre=None):
-        if variant == "rows":
-            return lambda: mod.launch_rows(g, q, step, bad)
-        splits = col_splits(g.shape[1], g.shape[0]) if variant == "cols-split" else 0
-        return lambda: mod.launch_cols(g, q, step, bad, pre if pre is not None else step, pre is not None, splits)
-    return launcher
+    sms = torch.cuda.get_device_properties().multi_processor_count if DEVICE == "cuda" else 132  # --smoke: an H200
+    return cuda_rotate.col_splits(rows, c, sms)
 
 
 def _in_lane_stages(v: torch.Tensor, regs: int) -> torch.Tensor:
@@ -191,12 +112,11 @@ def emulated_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torc
 
 
 def compile_launcher():
-    """(how it was built, launcher(g, q, step, bad) -> launch())."""
-    try:
-        return "cupy (NVRTC)", _cupy_launcher()
-    except Exception as e:  # no CuPy, or its NVRTC refused: the same source through nvcc
-        print(f"cupy: {type(e).__name__}: {e}; building with torch.utils.cpp_extension", flush=True)
-        return "torch.utils.cpp_extension (nvcc)", _torch_extension_launcher()
+    """(how it was built, launcher(variant, g, q, step, bad, pre) -> launch())."""
+    state = cuda_rotate.status(torch.cuda.current_device())
+    if state != "built":
+        raise SystemExit(f"kernels/cuda/rotate_quantize.cu: {state}")
+    return "NVRTC through torch.cuda._utils (kernels/cuda/rotate.py)", cuda_launcher
 
 
 def operand(rows: int, c: int, seed: int, device: str | None = None) -> torch.Tensor:
@@ -274,7 +194,8 @@ def run_rebuilt(launcher, which: str, m: int, k: int, n: int) -> dict:
         raise ValueError(f"{which}: C {c} is not a multiple of 256")
 
     def triton_pass():
-        return t_rot.rotate_quantize(src, rows, c, 1, rows, block=256, pre=pre)
+        with cuda_rotate.triton_only():
+            return t_rot.rotate_quantize(src, rows, c, 1, rows, block=256, pre=pre)
     return {"kind": which, "m": c, "n": rows, "rows": rows, "c": c,
             **measure(launcher, ["cols", "cols-split"], src, rows, c, pre, triton_pass)}
 
@@ -291,7 +212,8 @@ def run_case(launcher, kind: str, m: int, n: int, check_reference: bool) -> dict
     strides = (c, 1) if kind == "rows" else (1, rows)
 
     def triton_pass():
-        return t_rot.rotate_quantize(g, rows, c, *strides, block=256)
+        with cuda_rotate.triton_only():
+            return t_rot.rotate_quantize(g, rows, c, *strides, block=256)
     variants = ["rows"] if kind == "rows" else ["cols", "cols-split"]
     return {"kind": kind, "m": m, "n": n, "rows": rows, "c": c,
             **measure(launcher, variants, g, rows, c, None, triton_pass, reference(o) if check_reference else None)}

@@ -1,7 +1,7 @@
 """Training throughput on one GPU: stock PyTorch bf16 vs our step (reference backend, Triton backend), one run.
 
     python3 benchmarks/train_throughput.py [--layers 4] [--seq-len 2048] [--batch 4] [--accum 1] [--steps 5] [--arms ...]
-                                           [--head-slices 3 [2 ...]] [--clocks]
+                                           [--head-slices 3 [2 ...]] [--rotate cuda [triton]] [--clocks]
 
 The shape is a proxy of open-1b (report table 2): the same per-layer shapes (d 2048, 16/4 heads x 128,
 FFN 5632, vocab 128,256, sliding window 512 with a global layer every 5th and last) and fewer layers.
@@ -36,6 +36,10 @@ step: hash kernels queued ahead of a host-bound stretch of the step run in GPU t
 default; an arm at another count is named e.g. `triton/head2`): a different contract, with its own bits and
 errors (benchmarks/head_slices.py), timed beside the default one.
 
+`--rotate`: our arms once per rotate-quantize implementation: `cuda` (the backend's default where NVRTC builds
+kernels/cuda/rotate_quantize.cu) and `triton` (its Triton kernel everywhere, named e.g. `triton/rotate-triton`).
+Both give the same bits; the pair is the CUDA kernels' gain in the step, in one run.
+
 A step is `--accum` microbatches of `--batch` windows (gradient accumulation, as the report's protocol:
 OPEN-1B ran 4 windows of 4,096 tokens per microbatch, 6 microbatches per GPU per step in its main phase);
 hashing is per optimizer step, so its share falls as the step grows.
@@ -47,6 +51,7 @@ counts) per token against the H200's dense bf16 peak (989 TFLOP/s). Prints a tab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -62,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.config import ModelConfig, Topology  # noqa: E402
 from app.presets import OPEN_1B  # noqa: E402
+from kernels.cuda import rotate as cuda_rotate  # noqa: E402
 
 PEAK_BF16 = 989.4e12  # H200 SXM dense bf16 tensor-core peak, FLOP/s
 ARMS = ("stock", "ref", "triton", "triton-nohash", "triton-statehash", "triton-paired")
@@ -236,6 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, autotuning)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     ap.add_argument("--head-slices", nargs="+", type=int, default=[3], help="slice counts of the head (our arms)")
+    ap.add_argument("--rotate", nargs="+", default=["cuda"], choices=("cuda", "triton"),
+                    help="rotate-quantize implementations for our arms (module doc)")
     ap.add_argument("--clocks", action="store_true",
                     help="paired arm: nvidia-smi's SM clock and power over each mode and its state hash")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_throughput.json"))
@@ -246,14 +254,15 @@ def main(argv=None) -> int:
     c = proxy(args.layers, args.seq_len)
     batches = token_batches(c, args.batch * args.accum, args.warmup + args.steps)
     tokens, fpt = args.batch * args.accum * c.seq_len, flops_per_token(c)
-    runs = [(arm, None) for arm in args.arms if arm == "stock"] + \
-        [(arm, s) for s in args.head_slices for arm in args.arms if arm != "stock"]
+    runs = [(arm, None, "cuda") for arm in args.arms if arm == "stock"] + \
+        [(arm, s, rot) for s in args.head_slices for rot in args.rotate for arm in args.arms if arm != "stock"]
     rows = []
-    for arm, slices in runs:
-        name = arm if slices in (None, 3) else f"{arm}/head{slices}"
+    for arm, slices, rot in runs:
+        name = (arm if slices in (None, 3) else f"{arm}/head{slices}") + ("" if rot == "cuda" else f"/rotate-{rot}")
         t0 = time.time()
         try:
-            r = run_arm(arm, c if slices is None else dataclasses.replace(c, head_slices=slices), args, batches)
+            with cuda_rotate.triton_only() if rot == "triton" else contextlib.nullcontext():
+                r = run_arm(arm, c if slices is None else dataclasses.replace(c, head_slices=slices), args, batches)
         except Exception as e:  # noqa: BLE001 - one failing arm must not hide the others' numbers
             print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
             rows.append({"arm": name, "error": f"{type(e).__name__}: {e}"})
@@ -270,7 +279,7 @@ def main(argv=None) -> int:
         if arm in ("triton", "triton-statehash") and nohash in ok:
             r["hash_share"] = 1 - ok[nohash]["step_s"] / r["step_s"]
     print(f"\nopen-1b proxy: {c.n_layers} layers, T {c.seq_len}, {args.accum} x {args.batch} windows/step ({tokens:,} tokens), "
-          f"{fpt / 1e9:.2f} GFLOP/token\n")
+          f"{fpt / 1e9:.2f} GFLOP/token; rotate-quantize's CUDA kernels: {cuda_rotate.status()}\n")
     print("| arm | step s | tok/s | MFU (bf16 peak) | stock / arm | hash share (arms) | hash share (events: state "
           "hash + stage digests) | peak GiB |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
@@ -288,7 +297,7 @@ def main(argv=None) -> int:
     meta = {"command": "benchmarks/train_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "layers": c.n_layers, "seq_len": c.seq_len, "batch": args.batch, "accum": args.accum,
-            "flops_per_token": fpt, "rows": rows}
+            "flops_per_token": fpt, "cuda_rotate": cuda_rotate.status(), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(meta, indent=1))
     print(f"wrote {args.out}")

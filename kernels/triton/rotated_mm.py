@@ -7,6 +7,10 @@ takes |max| and leaves the rotated rows in the scratch; the second reads them ba
 (div_rn, as the reference's tensor division), rounds half to even and clamps. Both codes land K-contiguous
 and zero-padded to a multiple of 16 (zeros add nothing), and the shared int8 GEMM (kernels/triton/intmm.gemm)
 dequantizes in the reference's order ((float32(acc) * step_a[r]) * step_b[s]) * (1/b).
+
+For blocks of 256 with C or the rows contiguous, rotate_quantize launches CUDA kernels instead
+(kernels/cuda/rotate.py): the same bits, with the butterflies' layout changes done by warp shuffles, which
+Triton 3.6 lacks; the scratch row is what this kernel's time goes to.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.cuda import rotate as cuda_rotate
 from kernels.ref import hadamard as ref_had, rotated_mm as ref
 from kernels.triton.hadamard import MAX_L, butterfly_parts, deal, gather, split_length
 from kernels.triton.ieee import div_rn, isfinite, nan_f64, rint
@@ -139,8 +144,8 @@ def rotate_quantize(src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int
     q = torch.empty((rows, kp), dtype=torch.int8, device=dev)
     step = torch.empty(rows, dtype=F32, device=dev)
     bad = torch.empty(rows, dtype=torch.int32, device=dev)
-    if rows == 0:
-        return q, step, bad
+    if rows == 0 or cuda_rotate.launch(src, rows, c, s_row, s_col, block, pre, q, step, bad):
+        return q, step, bad  # (the CUDA kernels: warp-shuffle butterflies, the same bits; kernels/cuda/rotate.py)
     length = block if block else PLAIN_L
     p, sn = split_length(length)
     r = max(1, TILE // length)

@@ -1,4 +1,6 @@
-// rotate-quantize of contiguous operand rows (G's rows for dx) in CUDA, for benchmarks/cuda_rotate.py.
+// Rotate-quantize in CUDA: the Triton backend's rotate_quantize (kernels/triton/rotated_mm.py) runs these for
+// Hadamard blocks of 256 when the operand's C is contiguous (rows) or its rows are (columns); every other case
+// takes the Triton kernel. kernels/cuda/rotate.py builds this file with NVRTC and launches it.
 //
 // The bits of kernels/ref/rotated_mm.quantize_symmetric(block_hadamard(finite_or_zero(row))) per row, as the
 // Triton kernel (kernels/triton/rotated_mm._rotate_quantize_kernel) gives them, with the butterflies' layout
@@ -12,7 +14,9 @@
 // either lane, and a - b is taken as the partner's a minus this lane's b on the upper lane. The rotated row
 // stays in registers for the step (amax / 127) and the codes: one read of the row, one write of its codes.
 // No multiply-add exists to contract (only + - and a division, taken as __fdiv_rn like the reference's).
-
+//
+// Strides and sizes are ints (the launcher passes C ints; the host checks they fit); addresses are formed in
+// 64 bits.
 #define WARPS 8
 #define BLOCK 256
 #define PER_LANE 8            // BLOCK / 32
@@ -54,10 +58,10 @@ __device__ __forceinline__ int warp_or(int x) {
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
-                     int* __restrict__ bad_out, long long s_row, int c, int kp) {
+                     int* __restrict__ bad_out, int s_row, int c, int kp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long row = blockIdx.x;
-  const float* x = src + row * s_row;
+  const float* x = src + row * (long long)s_row;
   const int nblocks = c / BLOCK;  // the host asks for c % 256 == 0 (no padding inside a block)
   float v[MAX_BLOCKS_A_WARP][PER_LANE];
   float amax = 0.0f;
@@ -173,14 +177,14 @@ __device__ __forceinline__ void rotate_column(float e[8], int lane) {
   }
 }
 
-__device__ __forceinline__ int load_tile(float (*tile)[COLS + 1], const float* __restrict__ src, long long s_col,
-                                         long long c0, int j0, bool live_col, const float* __restrict__ pre,
-                                         long long pre_stride, int warp, int lane) {
+__device__ __forceinline__ int load_tile(float (*tile)[COLS + 1], const float* __restrict__ src, int s_col,
+                                         long long c0, int j0, bool live_col, int has_pre,
+                                         const float* __restrict__ pre, int pre_stride, int warp, int lane) {
   constexpr int N = BLOCK / WARPS;  // tile rows warp + 8 i of column lane: all N loads issued before any use
   float x[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) x[i] = live_col ? src[(c0 + warp + WARPS * i) * s_col + j0 + lane] : 0.0f;
-  if (pre != nullptr) {
+  if (has_pre) {
     float sc[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) sc[i] = pre[(c0 + warp + WARPS * i) * pre_stride];
@@ -229,13 +233,13 @@ __device__ __forceinline__ void zero_padding(signed char* codes, int j0, int row
       for (int i = c + threadIdx.x; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
 }
 
-// pre (may be null): the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
+// has_pre: the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
 // (x_hat with one step: pre_stride 0; w_hat with a step per C index: pre_stride 1); its flags are the rebuilt
 // value's.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
-                     int* __restrict__ bad_out, long long s_col, int rows, int c, int kp,
-                     const float* __restrict__ pre, long long pre_stride) {
+                     int* __restrict__ bad_out, int s_col, int rows, int c, int kp, int has_pre,
+                     const float* __restrict__ pre, int pre_stride) {
   __shared__ float tile[BLOCK][COLS + 1];
   __shared__ int s_bad[WARPS][COLS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -245,7 +249,7 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
   float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f}, step[4];
   int nan[4] = {0, 0, 0, 0};
   for (int b = 0; b < c / BLOCK; ++b) {  // the step: every block rotated once
-    bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, pre, pre_stride, warp, lane);
+    bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, has_pre, pre, pre_stride, warp, lane);
     __syncthreads();
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -259,7 +263,7 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
   for (int q = 0; q < 4; ++q) step[q] = symmetric_step(warp_max(amax[q]), warp_or(nan[q]));
   for (int b = 0; b < c / BLOCK; ++b) {  // the codes: every block rotated again
     const long long c0 = (long long)b * BLOCK;
-    load_tile(tile, src, s_col, c0, j0, live_col, pre, pre_stride, warp, lane);
+    load_tile(tile, src, s_col, c0, j0, live_col, has_pre, pre, pre_stride, warp, lane);
     __syncthreads();
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -287,8 +291,8 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
 // are exact in any order. The second rotates the blocks again and cuts the codes with the step.
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-rotate_cols_amax(const float* __restrict__ src, long long s_col, int rows, int c, const float* __restrict__ pre,
-                 long long pre_stride, unsigned* __restrict__ amax_bits, int* __restrict__ nan_out,
+rotate_cols_amax(const float* __restrict__ src, int s_col, int rows, int c, int has_pre, const float* __restrict__ pre,
+                 int pre_stride, unsigned* __restrict__ amax_bits, int* __restrict__ nan_out,
                  int* __restrict__ bad_out) {
   __shared__ float tile[BLOCK][COLS + 1];
   __shared__ int s_bad[WARPS][COLS];
@@ -298,7 +302,7 @@ rotate_cols_amax(const float* __restrict__ src, long long s_col, int rows, int c
   float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int nan[4] = {0, 0, 0, 0}, bad = 0;
   for (int b = blockIdx.y; b < c / BLOCK; b += gridDim.y) {
-    bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, pre, pre_stride, warp, lane);
+    bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, has_pre, pre, pre_stride, warp, lane);
     __syncthreads();
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -323,8 +327,8 @@ rotate_cols_amax(const float* __restrict__ src, long long s_col, int rows, int c
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-rotate_cols_codes(const float* __restrict__ src, signed char* __restrict__ codes, long long s_col, int rows, int c,
-                  int kp, const float* __restrict__ pre, long long pre_stride, const unsigned* __restrict__ amax_bits,
+rotate_cols_codes(const float* __restrict__ src, signed char* __restrict__ codes, int s_col, int rows, int c,
+                  int kp, int has_pre, const float* __restrict__ pre, int pre_stride, const unsigned* __restrict__ amax_bits,
                   const int* __restrict__ nan_in, const int* __restrict__ bad_in, float* __restrict__ step_out,
                   int* __restrict__ bad_out) {
   __shared__ float tile[BLOCK][COLS + 1];
@@ -340,7 +344,7 @@ rotate_cols_codes(const float* __restrict__ src, signed char* __restrict__ codes
   }
   for (int b = blockIdx.y; b < c / BLOCK; b += gridDim.y) {
     const long long c0 = (long long)b * BLOCK;
-    load_tile(tile, src, s_col, c0, j0, live_col, pre, pre_stride, warp, lane);
+    load_tile(tile, src, s_col, c0, j0, live_col, has_pre, pre, pre_stride, warp, lane);
     __syncthreads();
 #pragma unroll
     for (int q = 0; q < 4; ++q) {

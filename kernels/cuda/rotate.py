@@ -1,0 +1,190 @@
+"""Rotate-quantize's CUDA kernels (rotate_quantize.cu): built once a process with NVRTC, launched on torch's stream.
+
+kernels/triton/rotated_mm.rotate_quantize calls `launch` first; it returns False for a case these kernels do not
+cover (or when they are off or could not be built), and the Triton kernel runs. Both give the reference's bits,
+so which one ran never shows in a digest; it shows in the step time (docs/perf.md, "rotate-quantize in CUDA").
+
+Two layouts of an operand's rows along C, with Hadamard blocks of 256 and C a multiple of 256:
+- `rows`: C contiguous (G's rows for dx). One CTA a row, the row held in registers; C up to 16,384.
+- `cols`: the operand's rows adjacent in memory, C strided (G's columns for dw; x_hat's and w_hat's columns,
+  rebuilt from x or w and their steps). 32 columns a CTA, C split over CTAs when the column groups are fewer
+  than ~4 an SM, the split's amax and flags combined by atomics (max and or: exact in any order).
+
+The build uses torch's own NVRTC binding (torch.cuda._utils: private, present from torch 2.8 to 2.13 at least):
+it needs no CUDA toolkit, no CuPy and no compiler beyond the libnvrtc that torch's CUDA wheels ship. Its launcher
+passes Python ints as C ints, which is why the kernels take int strides and `launch` checks that they fit.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("rotate_quantize.cu")
+KERNELS = ("rotate_quantize_rows", "rotate_quantize_cols", "rotate_cols_amax", "rotate_cols_codes")
+# bit-relevant: no multiply-add contraction, IEEE division, subnormals kept (the reference's arithmetic)
+NVRTC_OPTIONS = ("--fmad=false", "--prec-div=true", "--ftz=false", "-std=c++17")
+BLOCK = 256  # the Hadamard block the kernels rotate
+THREADS = 256
+MAX_ROW_C = 8 * 8 * BLOCK  # the row kernel holds up to 8 blocks a warp, 8 warps, in registers
+COLS = 32  # operand rows (source columns) a column CTA takes
+CTAS_PER_SM = 4
+INT_MAX = 2**31 - 1
+
+_enabled = os.environ.get("BR_CUDA_KERNELS", "1") != "0"
+_failures: dict[int, str] = {}
+
+
+@contextlib.contextmanager
+def triton_only():
+    """Within: rotate_quantize takes the Triton kernel everywhere (benchmarks' A/B, the tests' comparisons)."""
+    global _enabled
+    before, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def layout(src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int, block: int | None,
+           pre: torch.Tensor | None) -> str | None:
+    """"rows", "cols", or None (the Triton kernel) for an operand of `rows` rows along C, as rotate_quantize
+    describes it: element (r, i) at src + r s_row + i s_col."""
+    if block != BLOCK or c < BLOCK or c % BLOCK or rows < 1 or src.dtype != torch.float32:
+        return None
+    if max(rows, c, s_row, s_col) > INT_MAX or (pre is not None and not _pre_ok(pre, src, c)):
+        return None
+    if s_col == 1 and pre is None and c <= MAX_ROW_C and s_row % 4 == 0 and src.data_ptr() % 16 == 0:
+        return "rows"  # float4 loads: every row 16-byte aligned
+    if s_row == 1 and s_col > 0:
+        return "cols"
+    return None
+
+
+def _pre_ok(pre: torch.Tensor, src: torch.Tensor, c: int) -> bool:
+    """A step for the rebuilt operand: one (0-dim) or one per C index, float32, beside src."""
+    shaped = pre.dim() == 0 or (pre.dim() == 1 and pre.shape[0] >= c and pre.stride(0) <= INT_MAX)
+    return shaped and pre.dtype == torch.float32 and pre.device == src.device
+
+
+def col_splits(rows: int, c: int, sms: int) -> int:
+    """Splits of C over CTAs for the column kernels: ~4 CTAs an SM, at most one Hadamard block each."""
+    groups = -(-rows // COLS)
+    return max(1, min(c // BLOCK, -(-CTAS_PER_SM * sms // groups)))
+
+
+def launch(src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int, block: int | None,
+           pre: torch.Tensor | None, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor) -> bool:
+    """Write rotate_quantize's codes q [rows, kp], step [rows] and flags bad [rows] with a CUDA kernel: True, or
+    False (nothing written) when this case is the Triton kernel's."""
+    if not (_enabled and src.is_cuda):
+        return False
+    kind = layout(src, rows, c, s_row, s_col, block, pre)
+    if kind is None or _kernels(_index(src)) is None:
+        return False
+    if kind == "cols" and col_splits(rows, c, _sm_count(_index(src))) > 1:
+        kind = "cols-split"  # faster at every measured shape with more than one split (docs/perf.md)
+    run(kind, src, rows, c, s_row, s_col, pre, q, step, bad)
+    return True
+
+
+def run(variant: str, src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int, pre: torch.Tensor | None,
+        q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor) -> None:
+    """One variant's launches ("rows", "cols" or "cols-split") for a case `layout` accepted; the kernels must be
+    built. benchmarks/cuda_rotate.py times each variant through here."""
+    device = _index(src)
+    fns, kp = _kernels(device), q.shape[1]
+    with _on(device):
+        if variant == "rows":
+            _call(fns["rotate_quantize_rows"], (rows,), rows_args(src, q, step, bad, s_row, c, kp))
+            return
+        splits = col_splits(rows, c, _sm_count(device)) if variant == "cols-split" else 1
+        grid = (-(-rows // COLS), splits)
+        if variant == "cols":
+            _call(fns["rotate_quantize_cols"], grid, cols_args(src, q, step, bad, s_col, rows, c, kp, pre))
+            return
+        words = torch.zeros((3, rows), dtype=torch.int32, device=src.device)  # amax bits, NaN, flag
+        amax_args, codes_args = split_args(src, q, step, bad, s_col, rows, c, kp, pre, words)
+        _call(fns["rotate_cols_amax"], grid, amax_args)
+        _call(fns["rotate_cols_codes"], grid, codes_args)
+
+
+def _index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _pre_args(pre: torch.Tensor | None, stand_in: torch.Tensor) -> list:
+    """(has_pre, pre, pre_stride): the launcher takes no null pointer, so an absent pre passes a stand-in."""
+    if pre is None:
+        return [0, stand_in, 0]
+    return [1, pre, pre.stride(0) if pre.dim() else 0]
+
+
+def rows_args(src, q, step, bad, s_row: int, c: int, kp: int) -> list:
+    return [src, q, step, bad, s_row, c, kp]
+
+
+def cols_args(src, q, step, bad, s_col: int, rows: int, c: int, kp: int, pre) -> list:
+    return [src, q, step, bad, s_col, rows, c, kp, *_pre_args(pre, step)]
+
+
+def split_args(src, q, step, bad, s_col: int, rows: int, c: int, kp: int, pre, words) -> tuple[list, list]:
+    """The split column kernels' arguments: the amax pass's, then the codes pass's."""
+    pre_args = _pre_args(pre, step)
+    amax = [src, s_col, rows, c, *pre_args, words[0], words[1], words[2]]
+    codes = [src, q, s_col, rows, c, kp, *pre_args, words[0], words[1], words[2], step, bad]
+    return amax, codes
+
+
+def signatures() -> dict[str, list[str]]:
+    """Each kernel's parameter kinds in the source: "ptr" or the C type (checked against the argument lists)."""
+    text = SOURCE.read_text()
+    out = {}
+    for name in KERNELS:
+        params = re.search(rf"\b{name}\(([^)]*)\)", text).group(1)
+        out[name] = ["ptr" if "*" in p else p.split()[0] for p in (x.strip() for x in params.split(","))]
+    return out
+
+
+@functools.cache
+def _kernels(device: int) -> dict | None:
+    """The four kernels built for `device`, or None (and a warning, once) when NVRTC is missing or refuses."""
+    try:
+        from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
+
+        with torch.cuda.device(device):
+            cubin, _ = _nvrtc_compile(SOURCE.read_text(), KERNELS[0], nvcc_options=list(NVRTC_OPTIONS))
+            return _cuda_load_module(cubin, list(KERNELS))
+    except Exception as e:  # no libnvrtc, an older torch, a refused build: the Triton kernel gives the same bits
+        _failures[device] = f"{type(e).__name__}: {e}"
+        warnings.warn(f"{SOURCE.name}: not built for cuda:{device} ({_failures[device]}); "
+                      "rotate_quantize runs its Triton kernel", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def status(device: int = 0) -> str:
+    """"built", "off", or why the kernels could not be built (benchmarks print it beside their figures)."""
+    if not _enabled:
+        return "off"
+    if not torch.cuda.is_available():
+        return "not built: no CUDA device"
+    return "built" if _kernels(device) is not None else f"not built: {_failures.get(device, '?')}"
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _on(device: int):
+    """The kernels' module belongs to its device's context: switch only when another device is current."""
+    return contextlib.nullcontext() if device == torch.cuda.current_device() else torch.cuda.device(device)
+
+
+def _call(kernel, grid: tuple[int, ...], args: list) -> None:
+    kernel(grid=(*grid, *(1,) * (3 - len(grid))), block=(THREADS, 1, 1), args=args)
