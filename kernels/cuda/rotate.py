@@ -17,6 +17,7 @@ passes Python ints as C ints, which is why the kernels take int strides and `lau
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import re
@@ -100,6 +101,7 @@ def run(variant: str, src: torch.Tensor, rows: int, c: int, s_row: int, s_col: i
     device = _index(src)
     fns, kp = _kernels(device), q.shape[1]
     with _on(device):
+        _ensure_context(device)
         if variant == "rows":
             _call(fns["rotate_quantize_rows"], (rows,), rows_args(src, q, step, bad, s_row, c, kp))
             return
@@ -184,6 +186,23 @@ def _sm_count(device: int) -> int:
 def _on(device: int):
     """The kernels' module belongs to its device's context: switch only when another device is current."""
     return contextlib.nullcontext() if device == torch.cuda.current_device() else torch.cuda.device(device)
+
+
+def _ensure_context(device: int) -> None:
+    """Make the device's primary context current on this thread, as Triton's launcher does: the launch goes
+    through the driver API, and a thread that has run no CUDA work yet (autograd's backward thread, at its first
+    op) has no current context there ("invalid device context")."""
+    from torch.cuda._utils import _check_cuda, _get_gpu_runtime_library
+
+    lib = _get_gpu_runtime_library()
+    ctx = ctypes.c_void_p()
+    _check_cuda(lib.cuCtxGetCurrent(ctypes.byref(ctx)))
+    if ctx.value:
+        return
+    dev = ctypes.c_int()
+    _check_cuda(lib.cuDeviceGet(ctypes.byref(dev), device))
+    _check_cuda(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
+    _check_cuda(lib.cuCtxSetCurrent(ctx))
 
 
 def _call(kernel, grid: tuple[int, ...], args: list) -> None:

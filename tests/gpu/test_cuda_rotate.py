@@ -107,3 +107,40 @@ def test_off_means_the_triton_kernel(variants_run):
     with rotate.triton_only():
         t_rot.rotate_quantize(o, 16, 512, 512, 1, block=256)
     assert variants_run == []
+
+
+def test_a_thread_that_has_run_no_cuda_work():
+    """Autograd runs a backward on its own thread; when rotate_quantize is that thread's first CUDA work, the
+    driver has no current context there until the launcher makes one current."""
+    import threading
+
+    o = operand(16, 512, seed=4, device="cuda")
+    out = {}
+
+    def work():
+        try:
+            out["got"] = t_rot.rotate_quantize(o, 16, 512, 512, 1, block=256)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            out["error"] = e
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in out, out.get("error")
+    assert all(same(a, b) for a, b in zip(out["got"], reference(o)))
+
+
+def test_int8_linear_backward_through_autograd():
+    """The benchmark's case that found the missing context: a backward whose first kernel is a CUDA rotation."""
+    from kernels.ref import int8_linear as r_lin
+    from kernels.triton import int8_linear as t_lin
+
+    x = philox.normal(31, 0, (512, 256), device="cuda")
+    w = philox.normal(32, 0, (512, 256), std=0.02, device="cuda")
+    g = philox.normal(33, 0, (512, 512), device="cuda")
+    grads = []
+    for lin in (t_lin, r_lin):
+        xx, ww = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        lin.int8_linear(xx, ww, torch.tensor(0.03, device="cuda")).backward(g)
+        grads.append((xx.grad, ww.grad))
+    assert all(same(a, b) for a, b in zip(*grads))
