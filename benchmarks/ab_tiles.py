@@ -35,6 +35,7 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kernels.cuda import rotate as cuda_rotate  # noqa: E402
 from kernels.digest import bits_equal  # noqa: E402
 from kernels.ref import philox  # noqa: E402
 from kernels.ref import hadamard as ref_had  # noqa: E402
@@ -188,8 +189,9 @@ def _rotate_cases(m: int, k: int, n: int, dev) -> dict:
     s_w = t_lin._weight(w, s_x, quant=False)[0]
     hn, hm = ref_had.block_size(n), ref_had.block_size(m)
 
-    def run(*calls):
-        return [t for args, kw in calls for t in t_rot.rotate_quantize(*args, **kw)]
+    def run(*calls):  # the Triton kernel's knobs: its CUDA stand-ins are benchmarks/cuda_rotate.py's to time
+        with cuda_rotate.triton_only():
+            return [t for args, kw in calls for t in t_rot.rotate_quantize(*args, **kw)]
     pre_cols = [((x, k, m, 1, k), dict(block=hm, pre=s_x)), ((w, k, n, 1, k), dict(block=hn, pre=s_w))]
     g_rows = ((g, m, n, n, 1), dict(block=hn))
     g_cols = ((g, n, m, 1, n), dict(block=hm))
