@@ -19,6 +19,9 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kernels.cuda import nvrtc  # noqa: E402  (no torch: this runs on any Python)
 
 
 def unpack(wheels: Path) -> tuple[Path, Path]:
@@ -36,23 +39,12 @@ def unpack(wheels: Path) -> tuple[Path, Path]:
 
 
 def nvrtc_ptx(lib: Path, source: Path) -> bytes:
-    """PTX for compute_90 of `source`, with multiply-adds left uncontracted (--fmad=false), as on the GPU."""
-    nvrtc = ctypes.CDLL(str(lib))
-    prog = ctypes.c_void_p()
-    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.read_bytes(), source.name.encode(), 0, None, None):
-        raise SystemExit(f"{source}: nvrtcCreateProgram failed")
-    opts = [b"--gpu-architecture=compute_90", b"--fmad=false", b"-std=c++17"]
-    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    if rc:
-        raise SystemExit(f"{source}: NVRTC error {rc}\n{log.value.decode()}")
-    nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
-    ptx = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetPTX(prog, ptx)
-    return ptx.value
+    """PTX for compute_90 of `source`, with the backend's options (nvrtc.BR_OPTIONS)."""
+    try:
+        return nvrtc.compile_source(ctypes.CDLL(str(lib)), source.read_text(), source.name,
+                                    ["--gpu-architecture=compute_90", *nvrtc.BR_OPTIONS], cubin=False)
+    except nvrtc.NVRTCError as e:
+        raise SystemExit(str(e)) from None
 
 
 def sass_counts(cubin: Path) -> dict[str, dict[str, int]] | None:

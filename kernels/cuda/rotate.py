@@ -10,9 +10,10 @@ Two layouts of an operand's rows along C, with Hadamard blocks of 256 and C a mu
   rebuilt from x or w and their steps). 32 columns a CTA, C split over CTAs when the column groups are fewer
   than ~4 an SM, the split's amax and flags combined by atomics (max and or: exact in any order).
 
-The build uses torch's own NVRTC binding (torch.cuda._utils: private, present from torch 2.8 to 2.13 at least):
-it needs no CUDA toolkit, no CuPy and no compiler beyond the libnvrtc that torch's CUDA wheels ship. Its launcher
-passes Python ints as C ints, which is why the kernels take int strides and `launch` checks that they fit.
+The build calls NVRTC (kernels/cuda/nvrtc.py) through the libnvrtc that torch's CUDA wheels ship, found and
+then loaded and launched by torch's private helpers (torch.cuda._utils, present in torch 2.11 and 2.13): no CUDA
+toolkit, no CuPy, no nvcc. The launcher passes Python ints as C ints, which is why the kernels take int strides
+and `launch` checks that they fit.
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ from pathlib import Path
 
 import torch
 
+from kernels.cuda import nvrtc
+
 SOURCE = Path(__file__).with_name("rotate_quantize.cu")
 KERNELS = ("rotate_quantize_rows", "rotate_quantize_cols", "rotate_cols_amax", "rotate_cols_codes")
-# bit-relevant: no multiply-add contraction, IEEE division, subnormals kept (the reference's arithmetic)
-NVRTC_OPTIONS = ("--fmad=false", "--prec-div=true", "--ftz=false", "-std=c++17")
 BLOCK = 256  # the Hadamard block the kernels rotate
 THREADS = 256
 MAX_ROW_C = 8 * 8 * BLOCK  # the row kernel holds up to 8 blocks a warp, 8 warps, in registers
@@ -157,10 +158,12 @@ def signatures() -> dict[str, list[str]]:
 def _kernels(device: int) -> dict | None:
     """The four kernels built for `device`, or None (and a warning, once) when NVRTC is missing or refuses."""
     try:
-        from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
+        from torch.cuda._utils import _cuda_load_module, _get_nvrtc_library
 
+        major, minor = torch.cuda.get_device_capability(device)
+        cubin = nvrtc.compile_source(_get_nvrtc_library(), SOURCE.read_text(), SOURCE.name,
+                                     [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
         with torch.cuda.device(device):
-            cubin, _ = _nvrtc_compile(SOURCE.read_text(), KERNELS[0], nvcc_options=list(NVRTC_OPTIONS))
             return _cuda_load_module(cubin, list(KERNELS))
     except Exception as e:  # no libnvrtc, an older torch, a refused build: the Triton kernel gives the same bits
         _failures[device] = f"{type(e).__name__}: {e}"

@@ -1,0 +1,121 @@
+"""kernels/cuda/nvrtc.py and rotate.py's build, on a machine without CUDA: an NVRTC stand-in records what it is
+asked and answers as the C API does. What the real NVRTC makes of the source: benchmarks/cuda_offline.py
+(NVRTC and ptxas from pip wheels) and tests/gpu/test_cuda_rotate.py."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import warnings
+
+import pytest
+import torch
+
+from kernels.cuda import nvrtc, rotate
+
+
+class FakeNVRTC:
+    """The calls compile_source makes, with ctypes arguments as the C API gets them."""
+
+    def __init__(self, rc: int = 0, log: bytes = b"", output: bytes = b"\x7fELF\x00\x01cubin"):
+        self.rc, self.log, self.output = rc, log, output
+        self.options: list[bytes] = []
+        self.destroyed = False
+        self.nvrtcGetErrorString = lambda rc: b"NVRTC_ERROR_STAND_IN"
+
+    def nvrtcCreateProgram(self, prog, source, name, n, headers, names):
+        prog._obj.value = 1
+        self.name = name
+        return 0
+
+    def nvrtcCompileProgram(self, prog, n, options):
+        self.options = [options[i] for i in range(n)]
+        return self.rc
+
+    def _size(self, data):
+        def get_size(prog, size):
+            size._obj.value = len(data)
+            return 0
+        return get_size
+
+    def _copy(self, data):
+        def get(prog, buf):
+            ctypes.memmove(buf, data, len(data))
+            return 0
+        return get
+
+    def __getattr__(self, name):
+        data = {"Log": self.log + b"\0", "CUBIN": self.output, "PTX": self.output + b"\0"}
+        for kind, payload in data.items():
+            if name == f"nvrtcGet{'Program' if kind == 'Log' else ''}{kind}Size":
+                return self._size(payload)
+            if name == f"nvrtcGet{'Program' if kind == 'Log' else ''}{kind}":
+                return self._copy(payload)
+        raise AttributeError(name)
+
+    def nvrtcDestroyProgram(self, prog):
+        self.destroyed = True
+        return 0
+
+
+def test_a_cubin_comes_back_whole_and_the_program_is_freed():
+    lib = FakeNVRTC()
+    out = nvrtc.compile_source(lib, "src", "k.cu", ["--gpu-architecture=sm_90", *nvrtc.BR_OPTIONS], cubin=True)
+    assert out == lib.output  # zero bytes included
+    assert lib.options == [b"--gpu-architecture=sm_90", *(o.encode() for o in nvrtc.BR_OPTIONS)]
+    assert lib.name == b"k.cu" and lib.destroyed
+
+
+def test_ptx_is_a_c_string():
+    lib = FakeNVRTC(output=b".version 8.0")
+    assert nvrtc.compile_source(lib, "src", "k.cu", ["--gpu-architecture=compute_90"], cubin=False) == b".version 8.0"
+
+
+def test_a_refused_source_names_the_file_the_options_and_the_log():
+    lib = FakeNVRTC(rc=6, log=b"k.cu(3): error: expected an expression")
+    with pytest.raises(nvrtc.NVRTCError, match=r"k\.cu: NVRTC error 6 .*--fmad=false(.|\n)*expected an expression"):
+        nvrtc.compile_source(lib, "src", "k.cu", ["--gpu-architecture=sm_90", *nvrtc.BR_OPTIONS], cubin=True)
+    assert lib.destroyed
+
+
+def test_the_br_options_forbid_contraction_and_flushing():
+    assert {"--fmad=false", "--prec-div=true", "--ftz=false"} <= set(nvrtc.BR_OPTIONS)
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """rotate._kernels on a pretend sm_90 device: what it compiles and loads, without CUDA."""
+    import torch.cuda._utils as cu
+
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cu, "_get_nvrtc_library", lambda: calls.setdefault("lib", FakeNVRTC()), raising=False)
+    monkeypatch.setattr(cu, "_cuda_load_module", lambda binary, names: calls.update(loaded=(binary, names)) or
+                        {n: object() for n in names}, raising=False)
+    rotate._kernels.cache_clear()
+    yield calls
+    rotate._kernels.cache_clear()
+    rotate._failures.clear()
+
+
+def test_the_build_targets_the_devices_arch_with_the_br_options(fake_device):
+    fns = rotate._kernels(0)
+    assert set(fns) == set(rotate.KERNELS)
+    lib = fake_device["lib"]
+    assert lib.options[0] == b"--gpu-architecture=sm_90"
+    assert lib.options[1:] == [o.encode() for o in nvrtc.BR_OPTIONS]
+    assert lib.name == rotate.SOURCE.name.encode()
+    assert fake_device["loaded"] == (lib.output, list(rotate.KERNELS))
+    assert rotate.status(0) == "built"
+
+
+def test_a_failed_build_warns_once_and_leaves_the_triton_kernel(fake_device, monkeypatch):
+    fake_device["lib"] = FakeNVRTC(rc=6, log=b"unsupported gpu architecture")
+    with pytest.warns(RuntimeWarning, match="(?s)rotate_quantize.cu: not built for cuda:0 .*unsupported gpu architecture"):
+        assert rotate._kernels(0) is None
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert rotate._kernels(0) is None  # cached: no second build, no second warning
+    assert again == []
+    assert rotate.status(0).startswith("not built: NVRTCError")
