@@ -11,7 +11,7 @@ and their steps (`x_hat`, `w_hat`; the column kernels with their pre-scale).
 Each CUDA variant is timed (rows; cols in one launch; cols-split, C over CTAs in two launches), whichever the
 backend would pick: rotate_quantize takes rows for C-contiguous operands, and cols-split for strided ones
 whenever it has more than one split. The floor is 4 bytes read and 1 written an element, at the 4.3 TB/s that a
-device copy reaches on the H200. The kernels are built as the backend builds them (NVRTC through torch).
+device copy reaches on the H200. The kernels are built as the backend builds them (kernels/cuda/nvrtc.py).
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def compile_launcher():
     state = cuda_rotate.status(torch.cuda.current_device())
     if state != "built":
         raise SystemExit(f"kernels/cuda/rotate_quantize.cu: {state}")
-    return "NVRTC through torch.cuda._utils (kernels/cuda/rotate.py)", cuda_launcher
+    return "NVRTC (kernels/cuda/nvrtc.py, as the backend)", cuda_launcher
 
 
 def operand(rows: int, c: int, seed: int, device: str | None = None) -> torch.Tensor:
