@@ -7,7 +7,9 @@ include nothing, and the libnvrtc that torch's wheels ship is all they need.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 # bit-relevant, for every kernel here: no multiply-add contraction, IEEE division, subnormals kept (the reference's
 # arithmetic; Triton's launches carry the same through kernels/triton/launch.BR_OPTIONS)
@@ -16,6 +18,24 @@ BR_OPTIONS = ("--fmad=false", "--prec-div=true", "--ftz=false", "-std=c++17")
 
 class NVRTCError(RuntimeError):
     """NVRTC refused the source: the message names it and carries NVRTC's log."""
+
+
+def library(cuda_major: int) -> ctypes.CDLL:
+    """libnvrtc for CUDA `cuda_major`: the one torch's CUDA wheels loaded (found by its soname, as torch finds it),
+    else one in an installed `nvidia` wheel's lib folder."""
+    names = ([f"nvrtc64_{cuda_major}0_0.dll"] if sys.platform == "win32" else
+             [f"libnvrtc.so.{cuda_major}", "libnvrtc.so"])
+    try:
+        import nvidia  # the CUDA wheels' namespace package: nvidia/cuda_nvrtc/lib, nvidia/cu13/lib, ...
+        names += [str(f) for d in nvidia.__path__ for f in sorted(Path(d).glob(f"*/lib/{names[0]}*"))]
+    except ImportError:
+        pass
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise NVRTCError(f"no NVRTC library for CUDA {cuda_major} (tried {', '.join(names)})")
 
 
 def compile_source(lib: ctypes.CDLL, source: str, filename: str, options: Sequence[str], *,

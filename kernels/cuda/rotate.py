@@ -10,9 +10,9 @@ Two layouts of an operand's rows along C, with Hadamard blocks of 256 and C a mu
   rebuilt from x or w and their steps). 32 columns a CTA, C split over CTAs when the column groups are fewer
   than ~4 an SM, the split's amax and flags combined by atomics (max and or: exact in any order).
 
-The build calls NVRTC (kernels/cuda/nvrtc.py) through the libnvrtc that torch's CUDA wheels ship, found and
-then loaded and launched by torch's private helpers (torch.cuda._utils, present in torch 2.11 and 2.13): no CUDA
-toolkit, no CuPy, no nvcc. The launcher passes Python ints as C ints, which is why the kernels take int strides
+The build calls NVRTC (kernels/cuda/nvrtc.py) through the libnvrtc that torch's CUDA wheels ship; the CUBIN is
+loaded and launched by torch's private helpers (torch.cuda._utils._cuda_load_module and the kernels it returns,
+present in torch 2.11 and 2.13): no CUDA toolkit, no CuPy, no nvcc. The launcher passes Python ints as C ints, which is why the kernels take int strides
 and `launch` checks that they fit.
 """
 from __future__ import annotations
@@ -158,10 +158,11 @@ def signatures() -> dict[str, list[str]]:
 def _kernels(device: int) -> dict | None:
     """The four kernels built for `device`, or None (and a warning, once) when NVRTC is missing or refuses."""
     try:
-        from torch.cuda._utils import _cuda_load_module, _get_nvrtc_library
+        from torch.cuda._utils import _cuda_load_module
 
         major, minor = torch.cuda.get_device_capability(device)
-        cubin = nvrtc.compile_source(_get_nvrtc_library(), SOURCE.read_text(), SOURCE.name,
+        lib = nvrtc.library(int(torch.version.cuda.split(".")[0]))
+        cubin = nvrtc.compile_source(lib, SOURCE.read_text(), SOURCE.name,
                                      [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
         with torch.cuda.device(device):
             return _cuda_load_module(cubin, list(KERNELS))

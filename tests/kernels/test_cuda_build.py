@@ -90,7 +90,8 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cu, "_get_nvrtc_library", lambda: calls.setdefault("lib", FakeNVRTC()), raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(nvrtc, "library", lambda major: calls.update(major=major) or calls.setdefault("lib", FakeNVRTC()))
     monkeypatch.setattr(cu, "_cuda_load_module", lambda binary, names: calls.update(loaded=(binary, names)) or
                         {n: object() for n in names}, raising=False)
     rotate._kernels.cache_clear()
@@ -107,6 +108,7 @@ def test_the_build_targets_the_devices_arch_with_the_br_options(fake_device):
     assert lib.options[1:] == [o.encode() for o in nvrtc.BR_OPTIONS]
     assert lib.name == rotate.SOURCE.name.encode()
     assert fake_device["loaded"] == (lib.output, list(rotate.KERNELS))
+    assert fake_device["major"] == 13  # torch's CUDA major: the libnvrtc its wheels ship
     assert rotate.status(0) == "built"
 
 
@@ -119,3 +121,11 @@ def test_a_failed_build_warns_once_and_leaves_the_triton_kernel(fake_device, mon
         assert rotate._kernels(0) is None  # cached: no second build, no second warning
     assert again == []
     assert rotate.status(0).startswith("not built: NVRTCError")
+
+
+def test_a_missing_library_names_what_was_tried(monkeypatch):
+    def absent(name):
+        raise OSError(name)
+    monkeypatch.setattr(ctypes, "CDLL", absent)
+    with pytest.raises(nvrtc.NVRTCError, match=r"no NVRTC library for CUDA 13 \(tried libnvrtc\.so\.13, libnvrtc\.so"):
+        nvrtc.library(13)
