@@ -27,8 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels.cuda import rotate as cuda_rotate  # noqa: E402
-from kernels.ref import fixed, philox, rotated_mm as r_rot  # noqa: E402
-from kernels.ref.hadamard import block_hadamard  # noqa: E402
+from kernels.ref import philox, rotated_mm as r_rot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 COPY_BW = 4.3e12  # bytes/s, a device-to-device copy through PyTorch on the H200 (KINDS.md)
@@ -120,25 +119,11 @@ def compile_launcher():
 
 
 def operand(rows: int, c: int, seed: int, device: str | None = None) -> torch.Tensor:
-    """Normals with the edges planted in the first rows: inf, NaN, a stage overflow (inf - inf), zeros, -0.0,
-    one outlier, a row of ties for the rounding."""
-    g = philox.normal(seed, 0, (rows, c), device=device or DEVICE)
-    if rows >= 8:
-        g[0, 5] = float("inf")
-        g[1, c - 1] = float("nan")
-        g[2, :256] = 3.0e38  # the butterflies overflow to inf, then take inf - inf
-        g[3] = 0.0
-        g[4] = -0.0
-        g[5, 17] = 1.0e30
-        g[6] = torch.arange(c, device=device or DEVICE, dtype=torch.float32) * 0.5  # many exact halves after the step
-    return g
+    """kernels/cuda/rotate.probe: normals with inf, NaN, a stage overflow, zeros, -0.0, an outlier and ties planted."""
+    return cuda_rotate.probe(rows, c, seed, device or DEVICE)
 
 
-def reference(g: torch.Tensor):
-    """kernels/ref: the codes, step and flag of each row (rotated_mm.rotated_int8_mm's operand a)."""
-    bad = (~torch.isfinite(g)).any(dim=1).to(torch.int32)
-    q, step = r_rot.quantize_symmetric(block_hadamard(fixed.finite_or_zero(g), dim=1), dim=1)
-    return q, step.view(-1), bad
+reference = cuda_rotate.reference  # kernels/ref's codes, step and flag of each operand row
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -99,8 +99,12 @@ def run(variant: str, src: torch.Tensor, rows: int, c: int, s_row: int, s_col: i
         q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor) -> None:
     """One variant's launches ("rows", "cols" or "cols-split") for a case `layout` accepted; the kernels must be
     built. benchmarks/cuda_rotate.py times each variant through here."""
-    device = _index(src)
-    fns, kp = _kernels(device), q.shape[1]
+    _launch_variant(_kernels(_index(src)), variant, src, rows, c, s_row, s_col, pre, q, step, bad)
+
+
+def _launch_variant(fns: dict, variant: str, src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int,
+                    pre: torch.Tensor | None, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor) -> None:
+    device, kp = _index(src), q.shape[1]
     with _on(device):
         _ensure_context(device)
         if variant == "rows":
@@ -115,6 +119,62 @@ def run(variant: str, src: torch.Tensor, rows: int, c: int, s_row: int, s_col: i
         amax_args, codes_args = split_args(src, q, step, bad, s_col, rows, c, kp, pre, words)
         _call(fns["rotate_cols_amax"], grid, amax_args)
         _call(fns["rotate_cols_codes"], grid, codes_args)
+
+
+# The build's self-check: (variant, operand rows, C, pre-scale) on planted operands, against kernels/ref
+SELF_CHECK = (("rows", 8, 512, None), ("cols", 40, 512, None), ("cols-split", 40, 512, None),
+              ("cols-split", 40, 512, "one"), ("cols", 40, 512, "per C"))
+
+
+def probe(rows: int, c: int, seed: int, device) -> torch.Tensor:
+    """Normals with the edges planted in the first rows: inf, NaN, a stage overflow (inf - inf), zeros, -0.0,
+    one outlier, a row of ties for the rounding."""
+    from kernels.ref import philox
+
+    g = philox.normal(seed, 0, (rows, c), device=device)
+    if rows >= 8:
+        g[0, 5] = float("inf")
+        g[1, c - 1] = float("nan")
+        g[2, :256] = 3.0e38  # the butterflies overflow to inf, then take inf - inf
+        g[3] = 0.0
+        g[4] = -0.0
+        g[5, 17] = 1.0e30
+        g[6] = torch.arange(c, device=device, dtype=torch.float32) * 0.5  # many exact halves after the step
+    return g
+
+
+def reference(o: torch.Tensor, pre: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernels/ref's codes, step and flag of each row of the operand o [rows, C], rebuilt first as
+    to_int8(o / pre) * pre when a pre-scale (one, or one per C index) is given."""
+    from kernels.ref import fixed, rotated_mm as r_rot
+    from kernels.ref.hadamard import block_hadamard
+
+    if pre is not None:
+        o = r_rot.to_int8(o / pre).to(torch.float32) * pre
+    bad = (~torch.isfinite(o)).any(dim=1).to(torch.int32)
+    q, step = r_rot.quantize_symmetric(block_hadamard(fixed.finite_or_zero(o), dim=1), dim=1)
+    return q, step.view(-1), bad
+
+
+def self_check(launch_variant, device) -> str | None:
+    """None when every variant, through `launch_variant(variant, src, rows, c, s_row, s_col, pre, q, step, bad)`,
+    gives the reference's codes, steps and flags on planted operands; else which one did not. Run once a build,
+    before any use: the launch goes through private torch helpers whose argument passing could change."""
+    from kernels.digest import bits_equal
+
+    for i, (variant, rows, c, pre_kind) in enumerate(SELF_CHECK):
+        o = probe(rows, c, seed=1000 + i, device=device)
+        pre = {None: None, "one": torch.tensor(0.03, device=device),
+               "per C": torch.rand(c, generator=torch.Generator().manual_seed(i)).to(device) * 0.05 + 1e-3}[pre_kind]
+        src, s_row, s_col = (o, c, 1) if variant == "rows" else (o.t().contiguous(), 1, rows)
+        got = (torch.empty((rows, c), dtype=torch.int8, device=device),
+               torch.empty(rows, dtype=torch.float32, device=device), torch.empty(rows, dtype=torch.int32, device=device))
+        launch_variant(variant, src, rows, c, s_row, s_col, pre, *got)
+        want = reference(o, pre)
+        wrong = [name for name, a, b in zip(("codes", "steps", "flags"), got, want) if not bits_equal(a, b)]
+        if wrong:
+            return f"{variant} ({rows} x {c}, pre-scale {pre_kind}): {', '.join(wrong)} differ from kernels/ref"
+    return None
 
 
 def _index(t: torch.Tensor) -> int:
@@ -156,7 +216,8 @@ def signatures() -> dict[str, list[str]]:
 
 @functools.cache
 def _kernels(device: int) -> dict | None:
-    """The four kernels built for `device`, or None (and a warning, once) when NVRTC is missing or refuses."""
+    """The four kernels built for `device` and checked against the reference (self_check), or None (and a
+    warning, once) when NVRTC is missing or refuses, or the check fails."""
     try:
         from torch.cuda._utils import _cuda_load_module
 
@@ -165,7 +226,11 @@ def _kernels(device: int) -> dict | None:
         cubin = nvrtc.compile_source(lib, SOURCE.read_text(), SOURCE.name,
                                      [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
         with torch.cuda.device(device):
-            return _cuda_load_module(cubin, list(KERNELS))
+            fns = _cuda_load_module(cubin, list(KERNELS))
+            problem = self_check(functools.partial(_launch_variant, fns), device)
+        if problem:
+            raise RuntimeError(f"self-check: {problem}")
+        return fns
     except Exception as e:  # no libnvrtc, an older torch, a refused build: the Triton kernel gives the same bits
         _failures[device] = f"{type(e).__name__}: {e}"
         warnings.warn(f"{SOURCE.name}: not built for cuda:{device} ({_failures[device]}); "

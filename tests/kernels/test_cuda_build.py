@@ -94,6 +94,7 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(nvrtc, "library", lambda major: calls.update(major=major) or calls.setdefault("lib", FakeNVRTC()))
     monkeypatch.setattr(cu, "_cuda_load_module", lambda binary, names: calls.update(loaded=(binary, names)) or
                         {n: object() for n in names}, raising=False)
+    monkeypatch.setattr(rotate, "self_check", lambda launch_variant, device: calls.get("self_check"))
     rotate._kernels.cache_clear()
     yield calls
     rotate._kernels.cache_clear()
@@ -129,3 +130,38 @@ def test_a_missing_library_names_what_was_tried(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", absent)
     with pytest.raises(nvrtc.NVRTCError, match=r"no NVRTC library for CUDA 13 \(tried libnvrtc\.so\.13, libnvrtc\.so"):
         nvrtc.library(13)
+
+
+def test_a_failed_self_check_leaves_the_triton_kernel(fake_device):
+    fake_device["self_check"] = "cols (40 x 512, pre-scale None): codes differ from kernels/ref"
+    with pytest.warns(RuntimeWarning, match=r"self-check: cols \(40 x 512, pre-scale None\): codes differ"):
+        assert rotate._kernels(0) is None
+
+
+def _emulated(mutate=None):
+    """launch_variant through the kernels' torch stand-in (benchmarks/cuda_rotate.emulated_launcher); `mutate`
+    spoils its output, as a broken argument passing or build would."""
+    from benchmarks.cuda_rotate import emulated_launcher
+
+    def launch_variant(variant, src, rows, c, s_row, s_col, pre, q, step, bad):
+        emulated_launcher("rows" if variant == "rows" else "cols", src, q, step, bad, pre)()
+        if mutate:
+            mutate(variant, pre, q, step, bad)
+    return launch_variant
+
+
+def test_the_self_check_passes_the_kernels_arithmetic():
+    assert rotate.self_check(_emulated(), "cpu") is None
+
+
+@pytest.mark.parametrize("case,what", [
+    (lambda variant, pre, q, step, bad: q.view(-1)[100].add_(1) if variant == "cols-split" else None,
+     "cols-split (40 x 512, pre-scale None): codes"),
+    (lambda variant, pre, q, step, bad: step.__setitem__(1, 2.0) if variant == "rows" else None,
+     "rows (8 x 512, pre-scale None): steps"),  # the NaN row's step (1) replaced
+    (lambda variant, pre, q, step, bad: bad.zero_() if variant == "rows" else None, "rows (8 x 512, pre-scale None): flags"),
+    (lambda variant, pre, q, step, bad: q.neg_() if pre is not None and pre.dim() else None,
+     "cols (40 x 512, pre-scale per C): codes"),
+])
+def test_the_self_check_names_what_differs(case, what):
+    assert rotate.self_check(_emulated(case), "cpu").startswith(what)
