@@ -12,8 +12,9 @@ Two layouts of an operand's rows along C, with Hadamard blocks of 256 and C a mu
 
 The build calls NVRTC (kernels/cuda/nvrtc.py) through the libnvrtc that torch's CUDA wheels ship; the CUBIN is
 loaded and launched by torch's private helpers (torch.cuda._utils._cuda_load_module and the kernels it returns,
-present in torch 2.11 and 2.13): no CUDA toolkit, no CuPy, no nvcc. The launcher passes Python ints as C ints, which is why the kernels take int strides
-and `launch` checks that they fit.
+present in torch 2.11 and 2.13): no CUDA toolkit, no CuPy, no nvcc. The launcher passes Python ints as C ints,
+which is why the kernels take int strides and `launch` checks that they fit. Each build is checked against
+kernels/ref before first use (self_check), so a change in those helpers cannot give silently wrong bits.
 """
 from __future__ import annotations
 
@@ -227,7 +228,7 @@ def _kernels(device: int) -> dict | None:
                                      [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
         with torch.cuda.device(device):
             fns = _cuda_load_module(cubin, list(KERNELS))
-            problem = self_check(functools.partial(_launch_variant, fns), device)
+            problem = self_check(functools.partial(_launch_variant, fns), torch.device("cuda", device))
         if problem:
             raise RuntimeError(f"self-check: {problem}")
         return fns
