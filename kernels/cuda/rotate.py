@@ -88,11 +88,15 @@ def launch(src: torch.Tensor, rows: int, c: int, s_row: int, s_col: int, block: 
     if not (_enabled and src.is_cuda):
         return False
     kind = layout(src, rows, c, s_row, s_col, block, pre)
-    if kind is None or _kernels(_index(src)) is None:
+    if kind is None:
         return False
-    if kind == "cols" and col_splits(rows, c, _sm_count(_index(src))) > 1:
+    device = _index(src)
+    fns = _kernels(device)
+    if fns is None:
+        return False
+    if kind == "cols" and col_splits(rows, c, _sm_count(device)) > 1:
         kind = "cols-split"  # faster at every measured shape with more than one split (docs/perf.md)
-    run(kind, src, rows, c, s_row, s_col, pre, q, step, bad)
+    _launch_variant(fns, kind, src, rows, c, s_row, s_col, pre, q, step, bad)
     return True
 
 
@@ -258,13 +262,21 @@ def _on(device: int):
     return contextlib.nullcontext() if device == torch.cuda.current_device() else torch.cuda.device(device)
 
 
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    """libcuda, the driver API the launches go through."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    return _get_gpu_runtime_library()
+
+
 def _ensure_context(device: int) -> None:
     """Make the device's primary context current on this thread, as Triton's launcher does: the launch goes
     through the driver API, and a thread that has run no CUDA work yet (autograd's backward thread, at its first
     op) has no current context there ("invalid device context")."""
-    from torch.cuda._utils import _check_cuda, _get_gpu_runtime_library
+    from torch.cuda._utils import _check_cuda
 
-    lib = _get_gpu_runtime_library()
+    lib = _driver()
     ctx = ctypes.c_void_p()
     _check_cuda(lib.cuCtxGetCurrent(ctypes.byref(ctx)))
     if ctx.value:

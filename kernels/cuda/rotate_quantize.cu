@@ -233,22 +233,14 @@ __device__ __forceinline__ void zero_padding(signed char* codes, int j0, int row
       for (int i = c + threadIdx.x; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
 }
 
-// has_pre: the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
-// (x_hat with one step: pre_stride 0; w_hat with a step per C index: pre_stride 1); its flags are the rebuilt
-// value's.
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
-                     int* __restrict__ bad_out, int s_col, int rows, int c, int kp, int has_pre,
-                     const float* __restrict__ pre, int pre_stride) {
-  __shared__ float tile[BLOCK][COLS + 1];
-  __shared__ int s_bad[WARPS][COLS];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int j0 = blockIdx.x * COLS;
-  const bool live_col = j0 + lane < rows;  // the tile column this thread loads (threadIdx.x % 32 == lane)
+// blocks first, first + stride, ... of the CTA's 32 columns (all of them, or a split's share): this warp's four
+// columns' largest |rotated| and NaN into amax and nan; the or of the flags of the column this thread loads
+__device__ __forceinline__ int blocks_amax(float (*tile)[COLS + 1], const float* __restrict__ src, int s_col, int c,
+                                           int first, int stride, int j0, bool live_col, int has_pre,
+                                           const float* __restrict__ pre, int pre_stride, float amax[4], int nan[4],
+                                           int warp, int lane) {
   int bad = 0;
-  float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f}, step[4];
-  int nan[4] = {0, 0, 0, 0};
-  for (int b = 0; b < c / BLOCK; ++b) {  // the step: every block rotated once
+  for (int b = first; b < c / BLOCK; b += stride) {
     bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, has_pre, pre, pre_stride, warp, lane);
     __syncthreads();
 #pragma unroll
@@ -259,9 +251,16 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
     }
     __syncthreads();  // the tile is read by all before the next block overwrites it
   }
-#pragma unroll
-  for (int q = 0; q < 4; ++q) step[q] = symmetric_step(warp_max(amax[q]), warp_or(nan[q]));
-  for (int b = 0; b < c / BLOCK; ++b) {  // the codes: every block rotated again
+  return bad;
+}
+
+// the same blocks rotated again, this warp's four columns' codes cut with their steps
+__device__ __forceinline__ void blocks_codes(float (*tile)[COLS + 1], const float* __restrict__ src,
+                                             signed char* __restrict__ codes, int s_col, int rows, int c, int kp,
+                                             int first, int stride, int j0, bool live_col, int has_pre,
+                                             const float* __restrict__ pre, int pre_stride, const float step[4],
+                                             int warp, int lane) {
+  for (int b = first; b < c / BLOCK; b += stride) {
     const long long c0 = (long long)b * BLOCK;
     load_tile(tile, src, s_col, c0, j0, live_col, has_pre, pre, pre_stride, warp, lane);
     __syncthreads();
@@ -274,6 +273,28 @@ rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ co
     }
     __syncthreads();
   }
+}
+
+// has_pre: the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
+// (x_hat with one step: pre_stride 0; w_hat with a step per C index: pre_stride 1); its flags are the rebuilt
+// value's.
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
+                     int* __restrict__ bad_out, int s_col, int rows, int c, int kp, int has_pre,
+                     const float* __restrict__ pre, int pre_stride) {
+  __shared__ float tile[BLOCK][COLS + 1];
+  __shared__ int s_bad[WARPS][COLS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j0 = blockIdx.x * COLS;
+  const bool live_col = j0 + lane < rows;  // the tile column this thread loads (threadIdx.x % 32 == lane)
+  float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f}, step[4];
+  int nan[4] = {0, 0, 0, 0};
+  // the step: every block rotated once
+  const int bad = blocks_amax(tile, src, s_col, c, 0, 1, j0, live_col, has_pre, pre, pre_stride, amax, nan, warp, lane);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) step[q] = symmetric_step(warp_max(amax[q]), warp_or(nan[q]));
+  // the codes: every block rotated again
+  blocks_codes(tile, src, codes, s_col, rows, c, kp, 0, 1, j0, live_col, has_pre, pre, pre_stride, step, warp, lane);
   const int any = column_flags(s_bad, bad, warp, lane);
   if (warp == 0 && live_col) bad_out[j0 + lane] = any;
 #pragma unroll
@@ -300,18 +321,9 @@ rotate_cols_amax(const float* __restrict__ src, int s_col, int rows, int c, int 
   const int j0 = blockIdx.x * COLS;
   const bool live_col = j0 + lane < rows;
   float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  int nan[4] = {0, 0, 0, 0}, bad = 0;
-  for (int b = blockIdx.y; b < c / BLOCK; b += gridDim.y) {
-    bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, has_pre, pre, pre_stride, warp, lane);
-    __syncthreads();
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      float e[8];
-      tile_column(tile, 4 * warp + q, lane, e);
-      take_max(e, amax[q], nan[q]);
-    }
-    __syncthreads();
-  }
+  int nan[4] = {0, 0, 0, 0};
+  const int bad = blocks_amax(tile, src, s_col, c, blockIdx.y, gridDim.y, j0, live_col, has_pre, pre, pre_stride,
+                              amax, nan, warp, lane);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const float m = warp_max(amax[q]);
@@ -342,18 +354,7 @@ rotate_cols_codes(const float* __restrict__ src, signed char* __restrict__ codes
     step[q] = j < rows ? symmetric_step(__uint_as_float(amax_bits[j]), nan_in[j]) : 1.0f;
     if (blockIdx.y == 0 && lane == 0 && j < rows) { step_out[j] = step[q]; bad_out[j] = bad_in[j]; }
   }
-  for (int b = blockIdx.y; b < c / BLOCK; b += gridDim.y) {
-    const long long c0 = (long long)b * BLOCK;
-    load_tile(tile, src, s_col, c0, j0, live_col, has_pre, pre, pre_stride, warp, lane);
-    __syncthreads();
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int jj = 4 * warp + q;
-      float e[8];
-      tile_column(tile, jj, lane, e);
-      if (j0 + jj < rows) store_column_codes(codes + (long long)(j0 + jj) * kp + c0, e, step[q], lane);
-    }
-    __syncthreads();
-  }
+  blocks_codes(tile, src, codes, s_col, rows, c, kp, blockIdx.y, gridDim.y, j0, live_col, has_pre, pre, pre_stride,
+               step, warp, lane);
   if (blockIdx.y == 0) zero_padding(codes, j0, rows, c, kp);
 }

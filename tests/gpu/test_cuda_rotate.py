@@ -18,14 +18,15 @@ from kernels.triton import rotated_mm as t_rot  # noqa: E402
 
 @pytest.fixture
 def variants_run(monkeypatch):
-    """The variants rotate_quantize launched, in order."""
+    """The variants rotate_quantize launched, in order (the build and its self-check done first, unrecorded)."""
+    rotate._kernels(torch.cuda.current_device())
     seen = []
-    run = rotate.run
+    launch_variant = rotate._launch_variant
 
-    def spy(variant, *args):
+    def spy(fns, variant, *args):
         seen.append(variant)
-        return run(variant, *args)
-    monkeypatch.setattr(rotate, "run", spy)
+        return launch_variant(fns, variant, *args)
+    monkeypatch.setattr(rotate, "_launch_variant", spy)
     return seen
 
 
