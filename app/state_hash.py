@@ -87,14 +87,14 @@ def state_hash(entries: dict[str, object], memo: DigestMemo | None = None) -> by
     tensors' device, taken from `memo` where the step already computed them."""
     names = sorted(entries, key=lambda s: s.encode())
     tensors = [entries[k] for k in names if isinstance(entries[k], torch.Tensor)]
-    digests = iter((memo or DigestMemo()).digests(tensors))
+    memo = memo or DigestMemo()
+    memo.queue(tensors)  # the device hashes while the host serializes the entries' heads (~2-3 ms on 976)
+    heads = [_tensor_head(k, v) if isinstance(v, torch.Tensor) else _bytes_head(k, v) + v
+             for k, v in ((k, entries[k]) for k in names)]
+    digests = iter(memo.digests(tensors))
     h = blake3.blake3(FORMAT)
-    for name in names:
-        v = entries[name]
-        if isinstance(v, torch.Tensor):
-            h.update(_tensor_head(name, v) + next(digests))
-        else:
-            h.update(_bytes_head(name, v) + v)
+    for name, head in zip(names, heads):
+        h.update(head + next(digests) if isinstance(entries[name], torch.Tensor) else head)
     return h.digest()
 
 

@@ -118,3 +118,22 @@ def test_memo_queue_hashes_each_tensor_once_and_gives_the_same_digests(monkeypat
     got_named, got_raw = dg.named_digest({"a": a, "c": c}, memo), memo.digests([b, a])
     assert len(hashed) == 3  # read from the queue, not hashed again
     assert got_named == dg.named_digest({"a": a, "c": c}) and got_raw == dg.raw_digests([b, a])
+
+
+def test_state_hash_queues_the_digests_before_serializing_the_heads(monkeypatch):
+    """The device hashes while the host builds the entries' heads: every digest is queued before the first head,
+    and read after the last (one wait, the GPU busy meanwhile)."""
+    import app.digests as dg
+    import app.state_hash as sh
+
+    events = []
+    queue, digests, head = dg.DigestMemo.queue, dg.DigestMemo.digests, sh._tensor_head
+    monkeypatch.setattr(dg.DigestMemo, "queue", lambda self, ts: (events.append("queue"), queue(self, ts))[1])
+    monkeypatch.setattr(dg.DigestMemo, "digests", lambda self, ts: (events.append("read"), digests(self, ts))[1])
+    monkeypatch.setattr(sh, "_tensor_head", lambda k, t: (events.append("head"), head(k, t))[1])
+    entries = state_entries(_state(), "{}", "c", {})
+    got = state_hash(entries)
+    heads = [i for i, e in enumerate(events) if e == "head"]
+    assert events.index("queue") < heads[0] and heads[-1] < events.index("read") and events.count("read") == 1
+    monkeypatch.undo()
+    assert got == state_hash(entries) == _independent_hash(_state(), "{}", "c", {})
