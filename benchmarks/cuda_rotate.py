@@ -5,19 +5,22 @@ and its columns along m (dw's, `cols`); and the other two, the columns of x_hat 
 and their steps (`x_hat`, `w_hat`; the column kernels with their pre-scale).
 
     python3 benchmarks/cuda_rotate.py [--shapes 8192x5632 8192x2048 8192x11264] [--kinds rows cols]
-                                      [--rebuilt 8192x2048x5632] [--out FILE]
+                                      [--rebuilt 8192x2048x5632] [--baseline REV] [--out FILE]
     TRITON_INTERPRET=1 python3 benchmarks/cuda_rotate.py --smoke   # CPU: the kernels' torch stand-in, small shapes
 
 Each CUDA variant is timed (rows; cols in one launch; cols-split, C over CTAs in two launches), whichever the
 backend would pick: rotate_quantize takes rows for C-contiguous operands, and cols-split for strided ones
 whenever it has more than one split. The floor is 4 bytes read and 1 written an element, at the 4.3 TB/s that a
 device copy reaches on the H200. The kernels are built as the backend builds them (kernels/cuda/nvrtc.py).
+--baseline REV builds rotate_quantize.cu as at git revision REV beside them and times its variants too
+("cols-split@REV"), so a kernel change is measured against its predecessor in one run.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COPY_BW = 4.3e12  # bytes/s, a device-to-device copy through PyTorch on the H200 (KINDS.md)
 MAX_C = cuda_rotate.MAX_ROW_C  # the row kernel holds a row of up to 16,384 elements in registers
 DEVICE = "cuda"  # "cpu" under --smoke
+TAGS = [""]  # variant suffixes timed: "" (the working tree's kernels), and "@REV" with --baseline REV
 
 
 def cuda_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
@@ -53,13 +57,15 @@ def col_splits(rows: int, c: int) -> int:
 
 
 def _in_lane_stages(v: torch.Tensor, regs: int) -> torch.Tensor:
-    """Stages pairing registers k and k + h (h = 1, 2, 4) inside each lane; `regs` is the dim of the 8 registers."""
+    """Stages pairing registers k and k + h (h = 1, 2, 4, ..) inside each thread; `regs` is the registers' dim."""
     v = v.movedim(regs, -1).clone()
-    k = torch.arange(8)
-    for h in (1, 2, 4):
+    k = torch.arange(v.shape[-1])
+    h = 1
+    while h < v.shape[-1]:
         lower = k[(k & h) == 0]
         a, b = v[..., lower], v[..., lower + h]
         v[..., lower], v[..., lower + h] = a + b, a - b
+        h *= 2
     return v.movedim(-1, regs)
 
 
@@ -81,9 +87,9 @@ def lane_schedule_fwht(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def column_schedule_fwht(blocks: torch.Tensor) -> torch.Tensor:
-    """The column kernel's butterflies in torch: element 32 k + l in register k of lane l ([n, 8, 32]); the lane
-    exchanges (stages 1 .. 16), then the in-lane stages (32, 64, 128)."""
-    v = _lane_exchanges(blocks.reshape(-1, 8, 32), 2)
+    """The column kernels' butterflies in torch: a thread of warp w loads C indices 32 w + i ([n, 8 warps, 32]) and
+    runs the stages 1 .. 16 in its registers; then, through the tile, lane l holds 32 k + l and runs 32, 64, 128."""
+    v = _in_lane_stages(blocks.reshape(-1, 8, 32), 2)
     return _in_lane_stages(v, 1).reshape(blocks.shape)
 
 
@@ -116,6 +122,34 @@ def compile_launcher():
     if state != "built":
         raise SystemExit(f"kernels/cuda/rotate_quantize.cu: {state}")
     return "NVRTC (kernels/cuda/nvrtc.py, as the backend)", cuda_launcher
+
+
+def baseline_source(rev: str) -> tuple[str, str]:
+    """(tag, text): rotate_quantize.cu as at git revision `rev`, or in the file `rev` (for a machine without
+    the repository's history; tagged with the file's stem)."""
+    if Path(rev).is_file():
+        return Path(rev).stem, Path(rev).read_text()
+    shown = subprocess.run(["git", "show", f"{rev}:kernels/cuda/rotate_quantize.cu"], cwd=ROOT,
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        raise SystemExit(f"--baseline {rev}: neither a file nor a git revision with kernels/cuda/rotate_quantize.cu "
+                         f"({shown.stderr.strip()})")
+    return rev, shown.stdout
+
+
+def baseline_launcher(text: str, launcher):
+    """`launcher` that also runs variants named "<variant>@<tag>": the kernels of the CUDA source `text`, built
+    and self-checked as the backend builds its own, for a same-run A/B."""
+    fns = cuda_rotate.build(torch.cuda.current_device(), text)
+
+    def launch_either(variant: str, g, q, step, bad, pre=None):
+        if "@" not in variant:
+            return launcher(variant, g, q, step, bad, pre)
+        base = variant.split("@")[0]
+        rows, c, s_row, s_col = (g.shape[0], g.shape[1], g.stride(0), 1) if base == "rows" else \
+            (g.shape[1], g.shape[0], 1, g.stride(0))
+        return lambda: cuda_rotate._launch_variant(fns, base, g, rows, c, s_row, s_col, pre, q, step, bad)
+    return launch_either
 
 
 def operand(rows: int, c: int, seed: int, device: str | None = None) -> torch.Tensor:
@@ -160,7 +194,7 @@ def measure(launcher, variants: list[str], g: torch.Tensor, rows: int, c: int, p
             rq, rs, rb = ref
             r["bits_vs_reference"] = {"codes": same(q, rq), "step": same(step, rs), "bad": same(bad, rb)}
         r["ms"] = bench(launch)
-        if variant == "cols-split":
+        if variant.startswith("cols-split"):
             r["splits"] = col_splits(rows, c)
         out[variant] = r
     return {"cuda": out, "triton_ms": bench(triton_pass), "floor_ms": rows * c * 5 / COPY_BW * 1e3}
@@ -182,7 +216,8 @@ def run_rebuilt(launcher, which: str, m: int, k: int, n: int) -> dict:
         with cuda_rotate.triton_only():
             return t_rot.rotate_quantize(src, rows, c, 1, rows, block=256, pre=pre)
     return {"kind": which, "m": c, "n": rows, "rows": rows, "c": c,
-            **measure(launcher, ["cols", "cols-split"], src, rows, c, pre, triton_pass)}
+            **measure(launcher, [v + tag for v in ("cols", "cols-split") for tag in TAGS], src, rows, c, pre,
+                     triton_pass)}
 
 
 def run_case(launcher, kind: str, m: int, n: int, check_reference: bool) -> dict:
@@ -199,7 +234,7 @@ def run_case(launcher, kind: str, m: int, n: int, check_reference: bool) -> dict
     def triton_pass():
         with cuda_rotate.triton_only():
             return t_rot.rotate_quantize(g, rows, c, *strides, block=256)
-    variants = ["rows"] if kind == "rows" else ["cols", "cols-split"]
+    variants = [v + tag for v in (["rows"] if kind == "rows" else ["cols", "cols-split"]) for tag in TAGS]
     return {"kind": kind, "m": m, "n": n, "rows": rows, "c": c,
             **measure(launcher, variants, g, rows, c, None, triton_pass, reference(o) if check_reference else None)}
 
@@ -211,6 +246,8 @@ def main() -> int:
     ap.add_argument("--kinds", nargs="+", default=["rows", "cols"], choices=("rows", "cols"))
     ap.add_argument("--rebuilt", default="8192x2048x5632", help="m x k x n of x_hat's and w_hat's column passes "
                     "(x [m, k], w [n, k]); 'none' to skip")
+    ap.add_argument("--baseline", metavar="REV", help="also time rotate_quantize.cu as at git revision REV, or "
+                    "the CUDA source file REV (variants named <variant>@REV, or @<file stem>), in the same run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cuda_rotate.json"))
     ap.add_argument("--smoke", action="store_true", help="CPU, with TRITON_INTERPRET=1: the kernels' torch stand-in "
                     "against the Triton kernel at small shapes (default --shapes 512x512, --rebuilt 512x64x256)")
@@ -232,6 +269,10 @@ def main() -> int:
         return 2
     else:
         built, launcher = compile_launcher()
+        if args.baseline:
+            tag, text = baseline_source(args.baseline)
+            launcher = baseline_launcher(text, launcher)
+            TAGS.append(f"@{tag}")
     print(f"compiled with {built} in {time.perf_counter() - t0:.1f} s", flush=True)
     results = []
     for i, shape in enumerate(args.shapes):

@@ -219,23 +219,29 @@ def signatures() -> dict[str, list[str]]:
     return out
 
 
+def build(device: int, source: str | None = None) -> dict:
+    """The kernels of `source` (rotate_quantize.cu's text by default) compiled for `device`, loaded, and checked
+    against the reference (self_check); raises when NVRTC is missing or refuses, or the check fails. A
+    benchmark may build an older revision's source beside the current one."""
+    from torch.cuda._utils import _cuda_load_module
+
+    major, minor = torch.cuda.get_device_capability(device)
+    lib = nvrtc.library(int(torch.version.cuda.split(".")[0]))
+    cubin = nvrtc.compile_source(lib, SOURCE.read_text() if source is None else source, SOURCE.name,
+                                 [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
+    with torch.cuda.device(device):
+        fns = _cuda_load_module(cubin, list(KERNELS))
+        problem = self_check(functools.partial(_launch_variant, fns), torch.device("cuda", device))
+    if problem:
+        raise RuntimeError(f"self-check: {problem}")
+    return fns
+
+
 @functools.cache
 def _kernels(device: int) -> dict | None:
-    """The four kernels built for `device` and checked against the reference (self_check), or None (and a
-    warning, once) when NVRTC is missing or refuses, or the check fails."""
+    """The four kernels built for `device` (build), or None (and a warning, once) when they could not be."""
     try:
-        from torch.cuda._utils import _cuda_load_module
-
-        major, minor = torch.cuda.get_device_capability(device)
-        lib = nvrtc.library(int(torch.version.cuda.split(".")[0]))
-        cubin = nvrtc.compile_source(lib, SOURCE.read_text(), SOURCE.name,
-                                     [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
-        with torch.cuda.device(device):
-            fns = _cuda_load_module(cubin, list(KERNELS))
-            problem = self_check(functools.partial(_launch_variant, fns), torch.device("cuda", device))
-        if problem:
-            raise RuntimeError(f"self-check: {problem}")
-        return fns
+        return build(device)
     except Exception as e:  # no libnvrtc, an older torch, a refused build: the Triton kernel gives the same bits
         _failures[device] = f"{type(e).__name__}: {e}"
         warnings.warn(f"{SOURCE.name}: not built for cuda:{device} ({_failures[device]}); "

@@ -145,29 +145,27 @@ rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ co
 
 // rotate-quantize of strided operand rows (G's columns for dw: operand row j is source column j, its C index
 // strided by s_col). One CTA takes 32 adjacent source columns; each Hadamard block of 256 C indices comes in as
-// a [256, 32] tile, 128 coalesced bytes a source row, through shared memory. Warp w rotates columns 4w .. 4w + 3
-// of the tile; lane l holds C indices 32k + l (k = 0 .. 7), so stages h = 1 .. 16 pair lane l with lane l ^ h
-// and stages h = 32, 64, 128 pair registers k and k ^ (h / 32) inside the lane: the reference's pairings, in its
-// stage order. The shared-memory reads are then one row a lane, conflict-free. A column of C = 8192 does not fit
-// in registers, so the blocks are rotated twice: once for the step, once for the codes (9 bytes an element moved,
-// against 5 at the floor and ~21 through the Triton kernel's scratch).
+// a [256, 32] tile, 128 coalesced bytes a source row. Thread (warp w, lane l) loads column l at C indices
+// 32w .. 32w + 31 of the block: they differ in the index's bits 0-4, so the stages h = 1 .. 16 pair registers
+// inside the thread and run in registers as loaded, with no exchange between threads. The stages h = 32, 64,
+// 128 pair C indices held by different warps: the tile goes through shared memory once, and warp w then rotates
+// columns 4w .. 4w + 3 with lane l holding C indices 32k + l (k = 0 .. 7), so those stages pair registers k and
+// k ^ (h / 32) inside the lane. Every stage pairs as the reference does, in its order. The shared-memory
+// accesses are one row a warp (stores) and one row a lane (reads), conflict-free. A column of C = 8192 does not
+// fit in registers, so the blocks are rotated twice: once for the step, once for the codes (9 bytes an element
+// moved, against 5 at the floor and ~21 through the Triton kernel's scratch).
 
 #define COLS 32
+#define SPAN (BLOCK / WARPS)  // C indices of a block a thread loads: 32, one warp's share of the tile's rows
 
-__device__ __forceinline__ void rotate_column(float e[8], int lane) {
+// the butterfly stages h = 1, 2, .., n / 2 over n registers (index bits inside the thread), in the reference's
+// order: register k (bit h clear) takes a + b, register k + h takes a - b
+template <int N>
+__device__ __forceinline__ void stages_in_registers(float (&e)[N]) {
 #pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {  // stage h = m: lane l with lane l ^ m
-    const bool upper = (lane & m) != 0;
+  for (int h = 1; h < N; h <<= 1) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float other = __shfl_xor_sync(0xffffffffu, e[k], m);
-      e[k] = upper ? __fsub_rn(other, e[k]) : __fadd_rn(e[k], other);
-    }
-  }
-#pragma unroll
-  for (int h = 1; h < 8; h <<= 1) {  // stage 32 h: register k with register k + h
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < N; ++k) {
       if ((k & h) == 0) {
         const float a = e[k], b = e[k + h];
         e[k] = __fadd_rn(a, b);
@@ -177,35 +175,43 @@ __device__ __forceinline__ void rotate_column(float e[8], int lane) {
   }
 }
 
+// the block at C index c0 of column lane, C indices 32 warp .. 32 warp + 31 (all loads issued before any use),
+// made finite (the thread's flag or'ed into the return), rotated by the stages h = 1 .. 16, into the tile
 __device__ __forceinline__ int load_tile(float (*tile)[COLS + 1], const float* __restrict__ src, int s_col,
                                          long long c0, int j0, bool live_col, int has_pre,
                                          const float* __restrict__ pre, int pre_stride, int warp, int lane) {
-  constexpr int N = BLOCK / WARPS;  // tile rows warp + 8 i of column lane: all N loads issued before any use
-  float x[N];
+  const long long r0 = c0 + SPAN * warp;
+  float x[SPAN];
 #pragma unroll
-  for (int i = 0; i < N; ++i) x[i] = live_col ? src[(c0 + warp + WARPS * i) * s_col + j0 + lane] : 0.0f;
+  for (int i = 0; i < SPAN; ++i) x[i] = live_col ? src[(r0 + i) * s_col + j0 + lane] : 0.0f;
   if (has_pre) {
-    float sc[N];
+    float sc[SPAN];
 #pragma unroll
-    for (int i = 0; i < N; ++i) sc[i] = pre[(c0 + warp + WARPS * i) * pre_stride];
+    for (int i = 0; i < SPAN; ++i) sc[i] = pre[(r0 + i) * pre_stride];
 #pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = __fmul_rn(code8(__fdiv_rn(x[i], sc[i])), sc[i]);
+    for (int i = 0; i < SPAN; ++i) x[i] = __fmul_rn(code8(__fdiv_rn(x[i], sc[i])), sc[i]);
   }
   int bad = 0;
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
+  for (int i = 0; i < SPAN; ++i) {
     const bool ok = finite(x[i]);
     bad |= !ok;
-    tile[warp + WARPS * i][lane] = ok ? x[i] : 0.0f;
+    x[i] = ok ? x[i] : 0.0f;
   }
+  stages_in_registers(x);
+#pragma unroll
+  for (int i = 0; i < SPAN; ++i) tile[SPAN * warp + i][lane] = x[i];
   return bad;
 }
 
-// column jj of the tile, rotated: lane l gets C indices 32k + l (shared-memory reads one row a lane)
+// column jj of the tile, its rotation finished by the stages h = 32, 64, 128: lane l gets C indices 32k + l
 __device__ __forceinline__ void tile_column(float (*tile)[COLS + 1], int jj, int lane, float e[8]) {
+  float v[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) e[k] = tile[32 * k + lane][jj];
-  rotate_column(e, lane);
+  for (int k = 0; k < 8; ++k) v[k] = tile[32 * k + lane][jj];
+  stages_in_registers(v);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) e[k] = v[k];
 }
 
 // a rotated column's codes for the block at out (its C indices 32k + l from lane l)

@@ -101,3 +101,16 @@ def test_smoke_run_matches_the_triton_kernel_under_the_interpreter(tmp_path):
         for variant, v in r["cuda"].items():
             assert all(v["bits_vs_triton"].values()), (r["kind"], variant, v)
             assert all(v.get("bits_vs_reference", {"-": True}).values()), (r["kind"], variant, v)
+
+
+def test_the_baseline_is_a_revision_or_a_file(tmp_path):
+    """--baseline names a git revision here, or a copy of the source on a machine without the history."""
+    from benchmarks.cuda_rotate import baseline_source
+    src = tmp_path / "rotate_quantize_old.cu"
+    src.write_text("// old kernels\n")
+    assert baseline_source(str(src)) == ("rotate_quantize_old", "// old kernels\n")
+    tag, text = baseline_source("HEAD")
+    assert tag == "HEAD" and text == subprocess.run(["git", "show", "HEAD:kernels/cuda/rotate_quantize.cu"], cwd=ROOT,
+                                                     check=True, capture_output=True, text=True).stdout
+    with pytest.raises(SystemExit, match="no-such-revision-0123"):
+        baseline_source("no-such-revision-0123")
