@@ -12,8 +12,9 @@ Each CUDA variant is timed (rows; cols in one launch; cols-split, C over CTAs in
 backend would pick: rotate_quantize takes rows for C-contiguous operands, and cols-split for strided ones
 whenever it has more than one split. The floor is 4 bytes read and 1 written an element, at the 4.3 TB/s that a
 device copy reaches on the H200. The kernels are built as the backend builds them (kernels/cuda/nvrtc.py).
---baseline REV builds rotate_quantize.cu as at git revision REV beside them and times its variants too
-("cols-split@REV"), so a kernel change is measured against its predecessor in one run.
+--baseline REV builds rotate_quantize.cu as at git revision REV (or the source file REV, where the tree has no
+history) beside them and times its variants too ("cols-split@REV"), so a kernel change is measured against its
+predecessor in one run.
 """
 from __future__ import annotations
 
