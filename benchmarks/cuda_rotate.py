@@ -40,14 +40,18 @@ DEVICE = "cuda"  # "cpu" under --smoke
 TAGS = [""]  # variant suffixes timed: "" (the working tree's kernels), and "@REV" with --baseline REV
 
 
+def operand_view(variant: str, g: torch.Tensor) -> tuple[int, int, int, int]:
+    """(rows, c, s_row, s_col) of the operand a variant reads from g: its rows, or its columns."""
+    if variant.startswith("rows"):
+        return g.shape[0], g.shape[1], g.stride(0), 1
+    return g.shape[1], g.shape[0], 1, g.stride(0)
+
+
 def cuda_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
                   pre: torch.Tensor | None = None):
     """launch() of one variant of kernels/cuda/rotate.py on G as the backward holds it: rows of g ("rows"), or
     the columns of g [C, rows] ("cols", "cols-split")."""
-    if variant == "rows":
-        rows, c, s_row, s_col = g.shape[0], g.shape[1], g.stride(0), 1
-    else:
-        rows, c, s_row, s_col = g.shape[1], g.shape[0], 1, g.stride(0)
+    rows, c, s_row, s_col = operand_view(variant, g)
     assert cuda_rotate.layout(g, rows, c, s_row, s_col, 256, pre) == variant.split("-")[0], variant
     return lambda: cuda_rotate.run(variant, g, rows, c, s_row, s_col, pre, q, step, bad)
 
@@ -147,9 +151,7 @@ def baseline_launcher(text: str, launcher):
         if "@" not in variant:
             return launcher(variant, g, q, step, bad, pre)
         base = variant.split("@")[0]
-        rows, c, s_row, s_col = (g.shape[0], g.shape[1], g.stride(0), 1) if base == "rows" else \
-            (g.shape[1], g.shape[0], 1, g.stride(0))
-        return lambda: cuda_rotate._launch_variant(fns, base, g, rows, c, s_row, s_col, pre, q, step, bad)
+        return lambda: cuda_rotate._launch_variant(fns, base, g, *operand_view(base, g), pre, q, step, bad)
     return launch_either
 
 
