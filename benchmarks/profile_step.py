@@ -64,6 +64,9 @@ def _phases() -> None:
     import app.step as s
     for name in ("reduce_gradients", "clip", "adamw_update", "named_digest", "tensor_digest"):
         setattr(s, name, _ranged(getattr(s, name), f"phase:{name}"))
+    from app.digests import DigestMemo  # the state hash's two halves: queueing its digests, and reading them
+    for name in ("queue", "digests"):
+        setattr(DigestMemo, name, _ranged(getattr(DigestMemo, name), f"phase:DigestMemo.{name}"))
 
 
 def kernels_by_grid(trace: Path) -> list[dict]:
@@ -133,6 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--no-hash", action="store_true", help="stage digests off and no state hash (the nohash arm)")
+    ap.add_argument("--state-only", action="store_true",
+                    help="stage digests off, the state hash on (the paired arm's `statehash` mode)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "profile_step.json"))
     args = ap.parse_args(argv)
     from dataclasses import replace
@@ -145,7 +150,7 @@ def main(argv=None) -> int:
 
     c = proxy(args.layers, args.seq_len)
     cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": args.batch, "train.batch_phases": ((1 << 50, args.batch),),
-                             "train.heldout_windows": 0, "train.stage_digests": not args.no_hash})
+                             "train.heldout_windows": 0, "train.stage_digests": not (args.no_hash or args.state_only)})
     ctx = StepContext.build(cfg, "cuda", backend=args.backend)
     ctx = replace(ctx, ops=Traced(ctx.ops))
     _phases()
@@ -181,7 +186,7 @@ def main(argv=None) -> int:
     busy = sum(self_us(e) for e in kernels) / 1e6
     ranges = sorted((e for e in events if e.key.startswith(("op:", "phase:", "autograd::engine::evaluate_function"))),
                     key=dev_us, reverse=True)
-    arm = args.backend + (" (no hashing)" if args.no_hash else "")
+    arm = args.backend + (" (no hashing)" if args.no_hash else " (state hash only)" if args.state_only else "")
     print(f"\n{arm} step, {c.n_layers} layers, T {c.seq_len}, {args.batch} windows: wall {wall:.3f} s, "
           f"GPU kernels {busy:.3f} s ({100 * busy / wall:.0f}% busy)\n")
     print("| range | calls | GPU ms | share of wall | CPU ms |\n| --- | --- | --- | --- | --- |")
@@ -205,7 +210,8 @@ def main(argv=None) -> int:
           "| --- | --- | --- | --- | --- |")
     for r in idle[:args.top]:
         print(f"| {r['range'][:60]} | {r['idle_ms']:.2f} | {r['gaps']} | {r['syncs']} | {r['sync_ms']:.2f} |")
-    out.write_text(json.dumps({"backend": args.backend, "hashing": not args.no_hash, "layers": c.n_layers,
+    out.write_text(json.dumps({"backend": args.backend, "hashing": not args.no_hash,
+                               "stage_digests": not (args.no_hash or args.state_only), "layers": c.n_layers,
                                "seq_len": c.seq_len, "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy,
                                "ranges": rows, "kernels": top, "kernels_by_grid": by_grid, "idle_by_range": idle,
                                "gpu": torch.cuda.get_device_name()}, indent=1))
