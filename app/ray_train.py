@@ -146,13 +146,13 @@ def worker_loop(config: dict) -> None:
         return
     delay = config.get("step_delay_s")  # tests: slow the steps down so a node can be removed mid-run
     if delay:
-        one_step = t.one_step
+        start_step = t.start_step
 
         def slow_step():
             time.sleep(delay)
-            return one_step()
+            return start_step()
 
-        t.one_step = slow_step
+        t.start_step = slow_step
     t.run()
 
 

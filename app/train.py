@@ -23,6 +23,7 @@ from app.errors import ConfigError, DivergenceError, IntegrityError, RunDirError
 from app.evaluate import heldout_ce, heldout_tokens, weight_norms
 from app.hashlog import HASHLOG, METRICS, JsonlLog, read_jsonl, rewrite_jsonl
 from app.init import init_params
+from app.deferred_hash import QueuedHash, StateHashReader, queue_state_hash
 from app.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
 from app.step import StepContext, StepResult, TrainState, run_step
 from app.digests import digest_many
@@ -79,6 +80,18 @@ def _record(r: StepResult, tokens: int, state_digest: bytes, chain_digest: bytes
                                                                      if r.expert_load else {})}
 
 
+@dataclass
+class _Queued:
+    """A step that ran, with its state hash queued and not yet read (Trainer.start_step)."""
+    result: StepResult
+    tokens: int  # the state's token count after the step
+    n_tokens: int  # the step's tokens
+    started: float  # perf_counter() at the step's start
+    ran: float  # ... when run_step returned
+    hashing: QueuedHash | None = None  # its state hash, queued (None: a rank that does not write the run)
+    queue_seconds: float = 0.0  # host time spent queueing them
+
+
 class _NullLog:
     """The log of a process that does not write the run directory (a data-parallel rank other than 0)."""
 
@@ -117,6 +130,8 @@ class Trainer:
         self.expected: dict[int, dict] = {}
         self.state, self.prev = self._resume() if resume else self._fresh()
         self.log = JsonlLog(self.out / HASHLOG) if writer else _NullLog()
+        self._reader = StateHashReader()
+        self._finished_at: float | None = None
 
     # -- run directory, start, resume -------------------------------------------------------------------
     def _open_run_dir(self, resume: bool) -> None:
@@ -190,32 +205,54 @@ class Trainer:
         self.metrics.append(rec)
         return rec
 
-    def one_step(self) -> tuple[dict, float, float]:
-        """Run, hash and log the next step; (record, step seconds, hashing seconds). A rank that does not write
-        the run directory only runs the step ({"step", "loss"})."""
+    def start_step(self) -> "_Queued":
+        """Run the next step and queue its state hash's digests on the device, without reading them: on CUDA the
+        host can go on to the next step while the GPU hashes, and `finish_step` reads the digests later."""
         step = self.state.step
         lo, hi = self.ctx.batch.window_range(step)
         t0 = time.perf_counter()
         tokens = torch.from_numpy(self.stream.windows(lo, hi)).to(torch.int64).to(self.ctx.device)
         r = run_step(self.state, tokens, self.opts.topology, self.ctx, self.group)
-        t1 = time.perf_counter()
         if not self.writer:  # nothing to log; on HSDP this rank does not even hold the full state
-            return {"step": step, "loss": r.loss}, t1 - t0, r.digest_seconds
-        sdig = state_hash(state_entries(self.state, self.config_json, self.code,
-                                        self.stream.state_for_step(step + 1, self.ctx.batch)), r.memo)
+            return _Queued(r, self.state.tokens, (hi - lo) * self.cfg.model.seq_len, t0, time.perf_counter())
+        t1 = time.perf_counter()
+        entries = state_entries(self.state, self.config_json, self.code,
+                                self.stream.state_for_step(step + 1, self.ctx.batch))
+        queued = queue_state_hash(entries, r.memo)
+        return _Queued(r, self.state.tokens, (hi - lo) * self.cfg.model.seq_len, t0, t1, queued,
+                       time.perf_counter() - t1)
+
+    def finish_step(self, q: "_Queued") -> tuple[dict, float, float]:
+        """Read a started step's state hash, chain it, log its record and check it against an expected one;
+        (record, step seconds, hashing seconds). Steps are finished in the order they were started. A rank that
+        does not write the run directory only ran the step ({"step", "loss"})."""
+        r = q.result
+        if q.hashing is None:
+            return {"step": r.step, "loss": r.loss}, q.ran - q.started, r.digest_seconds
+        t2 = time.perf_counter()
+        sdig = self._reader.read(q.hashing)
         self.prev = chain(self.prev, sdig)
         self.last_state_hash = sdig.hex()
-        t2 = time.perf_counter()
-        rec = _record(r, self.state.tokens, sdig, self.prev)
+        rec = _record(r, q.tokens, sdig, self.prev)
         self.log.append(rec)
-        want = self.expected.pop(step, None)
+        now = time.perf_counter()
+        # a step's seconds: since the previous record was finished (the loop's period when steps overlap), or
+        # since this step started
+        secs = now - max(q.started, self._finished_at or q.started)
+        self._finished_at = now
+        want = self.expected.pop(r.step, None)
         if want is not None and want["chain_hash"] != rec["chain_hash"]:
-            raise DivergenceError(f"step {step}: recomputed chain hash {rec['chain_hash']} differs from the logged "
+            raise DivergenceError(f"step {r.step}: recomputed chain hash {rec['chain_hash']} differs from the logged "
                                   f"{want['chain_hash']} (state hash {rec['state_hash']} vs {want['state_hash']})")
-        hashing = (t2 - t1) + r.digest_seconds
-        self.metrics.append({"event": "step", "step": step, "seconds": t2 - t0, "hash_seconds": hashing,
-                             "tokens_per_s": (hi - lo) * self.cfg.model.seq_len / (t2 - t0)})
-        return rec, t2 - t0, hashing
+        hashing = q.queue_seconds + (now - t2) + r.digest_seconds
+        self.metrics.append({"event": "step", "step": r.step, "seconds": secs, "hash_seconds": hashing,
+                             "tokens_per_s": q.n_tokens / secs})
+        return rec, secs, hashing
+
+    def one_step(self) -> tuple[dict, float, float]:
+        """Run, hash and log the next step; (record, step seconds, hashing seconds)."""
+        self._finished_at = None
+        return self.finish_step(self.start_step())
 
     def checkpoint(self) -> Path | None:
         if not self.writer:
@@ -245,17 +282,38 @@ class Trainer:
         total_s = hash_s = 0.0
         losses = []
         with StepProgress(o.steps, first, self.cfg.model.seq_len, enabled=o.progress) as bar:
-            while self.state.step < o.steps:
-                rec, secs, hs = self.one_step()
+            def finish(q: _Queued) -> None:
+                nonlocal total_s, hash_s
+                rec, secs, hs = self.finish_step(q)
                 total_s, hash_s = total_s + secs, hash_s + hs
                 losses.append(rec["loss"])
-                n = self.state.step
-                if o.eval_every and n % o.eval_every == 0:
-                    self.evaluate()
-                if o.checkpoint_every and n % o.checkpoint_every == 0:
-                    self.checkpoint()
                 if self.writer:
                     bar.update(rec, secs)
+
+            self._finished_at = None
+            pending = None  # the step before, started and not yet finished
+            while self.state.step < o.steps:
+                try:
+                    q = self.start_step()
+                except BaseException:
+                    if pending is not None:  # log what was done before the failure
+                        finish(pending)
+                    raise
+                if pending is not None:  # its digests were computed while this step was queued
+                    finish(pending)
+                pending = None
+                n = self.state.step
+                if (o.eval_every and n % o.eval_every == 0) or (o.checkpoint_every and n % o.checkpoint_every == 0):
+                    finish(q)  # evaluations and checkpoints follow the step's record
+                    if o.eval_every and n % o.eval_every == 0:
+                        self.evaluate()
+                    if o.checkpoint_every and n % o.checkpoint_every == 0:
+                        self.checkpoint()
+                    self._finished_at = None
+                else:
+                    pending = q
+            if pending is not None:
+                finish(pending)
         if o.eval_every and self.state.step % o.eval_every:
             self.evaluate()
         if not o.checkpoint_every or self.state.step % o.checkpoint_every:

@@ -1,7 +1,7 @@
 """Training throughput on one GPU: stock PyTorch bf16 vs our step (reference backend, Triton backend), one run.
 
     python3 benchmarks/train_throughput.py [--layers 4] [--seq-len 2048] [--batch 4] [--accum 1] [--steps 5] [--arms ...]
-                                           [--head-slices 3 [2 ...]] [--rotate cuda [triton]] [--clocks]
+                                           [--head-slices 3 [2 ...]] [--rotate cuda [triton]] [--clocks] [--run-len 4]
 
 The shape is a proxy of open-1b (report table 2): the same per-layer shapes (d 2048, 16/4 heads x 128,
 FFN 5632, vocab 128,256, sliding window 512 with a global layer every 5th and last) and fewer layers.
@@ -31,6 +31,13 @@ step: hash kernels queued ahead of a host-bound stretch of the step run in GPU t
   step); `state_share_paired` and `hash_share_paired` are the medians over the rounds of 1 - t(no hashing) /
   t(arm) within a round. `--clocks` adds nvidia-smi's SM clock and power (benchmarks/gpu_clocks.py), medians
   over each mode's steps and over the state hash inside them.
+- `triton-pipelined`: the same three modes' cost as the trainer runs steps, one after another with no
+  synchronization between them: rounds of `--run-len` consecutive steps per mode, timed from an idle GPU to
+  an idle GPU (the modes' order turns with each round): no hashing; the state hash read at once after each step
+  (`state_hash`, as `triton-statehash`); the state hash queued at the step's end and read after the next step
+  is queued (app/deferred_hash.py, the trainer's order), so the host's share of it runs beside the GPU's next
+  step. `state_share_sync` and `state_share_deferred` are the medians over the rounds of 1 - t(no hashing) /
+  t(mode). Stage digests off in all three.
 
 `--head-slices`: our arms run once per slice count of the LM head's contractions (`model.head_slices`, 3 by
 default; an arm at another count is named e.g. `triton/head2`): a different contract, with its own bits and
@@ -70,7 +77,7 @@ from app.presets import OPEN_1B  # noqa: E402
 from kernels.cuda import rotate as cuda_rotate  # noqa: E402
 
 PEAK_BF16 = 989.4e12  # H200 SXM dense bf16 tensor-core peak, FLOP/s
-ARMS = ("stock", "ref", "triton", "triton-nohash", "triton-statehash", "triton-paired")
+ARMS = ("stock", "ref", "triton", "triton-nohash", "triton-statehash", "triton-paired", "triton-pipelined")
 
 
 def proxy(layers: int, seq_len: int) -> ModelConfig:
@@ -222,12 +229,59 @@ def bench_paired(c: ModelConfig, batch: int, accum: int, batches, warmup: int, b
     return out
 
 
+def bench_pipelined(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str,
+                    run_len: int) -> dict:
+    """`triton-pipelined` (module doc): rounds of `run_len` steps per mode, no synchronization between steps."""
+    from app.deferred_hash import StateHashReader, queue_state_hash
+    from app.state_hash import state_entries, state_hash
+    from app.step import run_step
+
+    ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage=False)
+    reader = StateHashReader()
+    modes = ("nohash", "sync", "deferred")
+
+    def steps(ids_list, mode):
+        pending = None
+        for ids in ids_list:
+            r = run_step(st, ids, Topology(), ctx)
+            if mode == "nohash":
+                continue
+            entries = state_entries(st, cj, code, {"window": st.step})
+            if mode == "sync":
+                state_hash(entries, r.memo)
+                continue
+            queued = queue_state_hash(entries, r.memo)
+            if pending is not None:
+                reader.read(pending)
+            pending = queued
+        if pending is not None:
+            reader.read(pending)
+
+    torch.cuda.reset_peak_memory_stats()
+    rounds = []
+    for i in range(len(batches)):
+        ids_list = [batches[(i + j) % len(batches)] for j in range(run_len)]
+        order = modes[i % 3:] + modes[:i % 3]
+        rounds.append({m: _seconds(steps, ids_list, m) / run_len for m in order})
+    rounds = rounds[warmup:]
+    med = {m: statistics.median(r[m] for r in rounds) for m in modes}
+    out = {"step_s": med["deferred"], "nohash_s": med["nohash"], "sync_s": med["sync"], "run_len": run_len,
+           "state_share_sync": statistics.median(1 - r["nohash"] / r["sync"] for r in rounds),
+           "state_share_deferred": statistics.median(1 - r["nohash"] / r["deferred"] for r in rounds),
+           "rounds": rounds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del st, ctx
+    torch.cuda.empty_cache()
+    return out
+
+
 def run_arm(arm: str, c: ModelConfig, args, batches) -> dict:
     if arm == "stock":
         return bench_stock(c, batches, args.warmup, args.accum)
     backend, _, hashing = arm.partition("-")
     if hashing == "paired":
         return bench_paired(c, args.batch, args.accum, batches, args.warmup, backend, args.clocks)
+    if hashing == "pipelined":
+        return bench_pipelined(c, args.batch, args.accum, batches, args.warmup, backend, args.run_len)
     return bench_ours(c, args.batch, args.accum, batches, args.warmup, backend, stage=not hashing,
                       hashing=hashing != "nohash")
 
@@ -244,6 +298,7 @@ def main(argv=None) -> int:
     ap.add_argument("--head-slices", nargs="+", type=int, default=[3], help="slice counts of the head (our arms)")
     ap.add_argument("--rotate", nargs="+", default=["cuda"], choices=("cuda", "triton"),
                     help="rotate-quantize implementations for our arms (module doc)")
+    ap.add_argument("--run-len", type=int, default=4, help="pipelined arm: consecutive steps per mode and round")
     ap.add_argument("--clocks", action="store_true",
                     help="paired arm: nvidia-smi's SM clock and power over each mode and its state hash")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_throughput.json"))
@@ -289,7 +344,9 @@ def main(argv=None) -> int:
         ratio = f"{base['tok_s'] / r['tok_s']:.2f}x" if base else "-"
         share = f"{100 * r['hash_share']:.1f}%" if "hash_share" in r else \
             (f"{100 * r['hash_share_paired']:.1f}% (state hash only {100 * r['state_share_paired']:.1f}%), paired"
-             if "hash_share_paired" in r else "-")
+             if "hash_share_paired" in r else
+             f"state hash {100 * r['state_share_deferred']:.1f}% deferred, {100 * r['state_share_sync']:.1f}% read "
+             f"at once; pipelined" if "state_share_deferred" in r else "-")
         ev = (f"{100 * r['hash_share_events']:.1f}% ({1e3 * r['state_hash_s']:.1f} + {1e3 * r['digest_s']:.1f} ms)"
               if "hash_share_events" in r else "-")
         print(f"| {r['arm']} | {r['step_s']:.3f} | {r['tok_s']:,.0f} | {100 * r['mfu']:.1f}% | {ratio} | "
