@@ -2,8 +2,8 @@
 
 `queue_state_hash(entries, memo)` starts the digests of the entries' tensors on their device (app.digests),
 ordered on the step's stream behind the step's work and ahead of the next step's writes to the same tensors,
-so they are the end state's digests whenever they are read. `read_state_hash(queued)` returns app.state_hash's
-value for those entries. It calls `state_hash` itself, so this module defines no bits: it only chooses when the
+so they are the end state's digests whenever they are read. `StateHashReader().read(queued)` returns
+app.state_hash's value for those entries. It calls `state_hash` itself, so this module defines no bits: it only chooses when the
 host waits (and is not among the code version's files).
 """
 from __future__ import annotations

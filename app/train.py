@@ -303,11 +303,13 @@ class Trainer:
                     finish(pending)
                 pending = None
                 n = self.state.step
-                if (o.eval_every and n % o.eval_every == 0) or (o.checkpoint_every and n % o.checkpoint_every == 0):
+                evaluate = bool(o.eval_every) and n % o.eval_every == 0
+                save = bool(o.checkpoint_every) and n % o.checkpoint_every == 0
+                if evaluate or save:
                     finish(q)  # evaluations and checkpoints follow the step's record
-                    if o.eval_every and n % o.eval_every == 0:
+                    if evaluate:
                         self.evaluate()
-                    if o.checkpoint_every and n % o.checkpoint_every == 0:
+                    if save:
                         self.checkpoint()
                     self._finished_at = None
                 else:
