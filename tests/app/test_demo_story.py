@@ -38,12 +38,16 @@ def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny1, tmp_path):
     groups = [(e["world"], e["from_step"]) for e in _jsonl(run / "metrics.jsonl") if e["event"] == "workers"]
     assert [w for w, _ in groups] == [1, 2], groups
     resumed = groups[1][1]
-    assert resumed % 25 == 0 and GROW_AT <= resumed <= out.grew_at  # the last checkpoint before the resize
+    # a checkpoint after the slot joined; which one depends on how long the new node takes to come up (on a
+    # loaded 2-core CI machine that can outlast the 25 steps between checkpoints), so no upper bound but the run's
+    assert resumed % 25 == 0 and GROW_AT <= resumed < STEPS
     topo = [r["topology"] for r in log[1:]]
     assert topo == ["1x1"] * resumed + ["2x1"] * (STEPS - resumed)  # every step's topology recorded
     for aside in run.glob("hashlog.before-resume-*.jsonl"):  # steps redone after the resize were re-checked
         chains = {r["step"]: r["chain_hash"] for r in log[1:]}
-        assert all(r["chain_hash"] == chains[r["step"]] for r in _jsonl(aside) if r["step"] >= 0)
+        before = _jsonl(aside)
+        assert all(r["chain_hash"] == chains[r["step"]] for r in before if r["step"] >= 0)
+        assert max(r["step"] for r in before) < resumed + 25  # the group resumed at the latest checkpoint
 
     cov = out.coverage
     assert cov.verdict.startswith("VERIFIED"), cov.verdict
