@@ -62,6 +62,14 @@ def _train_together(base: Path, steps: int, runs: dict[str, list[str]]) -> dict[
             for name in procs}
 
 
+def _assert_optimizer_ran(log: list[dict]) -> None:
+    """Equal logs prove little about AdamW if the spike protocol skipped its steps (small-parity at a threshold of
+    5.0 skipped 98 of 100): most steps must have applied the update."""
+    steps = [r for r in log if r["step"] >= 0]
+    skipped = sum(r["skipped"] for r in steps)
+    assert skipped <= len(steps) // 10, f"{skipped} of {len(steps)} steps skipped the optimizer (spike protocol)"
+
+
 def _step_seconds(run: Path) -> float:
     ev = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     secs = sorted(e["seconds"] for e in ev if e.get("event") == "step")
@@ -73,6 +81,7 @@ def test_small_parity_hash_log_cuda_equals_cpu(tmp_path):
     logs = _train_together(base, STEPS, {dev: ["--device", dev] for dev in ("cpu", "cuda")})
     assert len(logs["cpu"]) == STEPS + 1
     assert logs["cpu"] == logs["cuda"], _first_difference(logs["cpu"], logs["cuda"])
+    _assert_optimizer_ran(logs["cpu"])
     print(f"{STEPS} steps: identical hash logs; run hash {logs['cpu'][-1]['chain_hash']}")
 
 
@@ -82,5 +91,6 @@ def test_triton_backend_hash_log_equals_reference(tmp_path):
     logs = _train_together(base, BACKEND_STEPS, {b: ["--device", "cuda", "--backend", b] for b in ("ref", "triton")})
     assert len(logs["ref"]) == BACKEND_STEPS + 1
     assert logs["ref"] == logs["triton"], _first_difference(logs["ref"], logs["triton"])
+    _assert_optimizer_ran(logs["ref"])
     print(f"{BACKEND_STEPS} steps: identical hash logs; run hash {logs['ref'][-1]['chain_hash']}; median step "
           f"ref {_step_seconds(base / 'ref'):.3f} s, triton {_step_seconds(base / 'triton'):.3f} s (both on one GPU)")
