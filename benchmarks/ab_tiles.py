@@ -100,7 +100,13 @@ ATTENTION_VARIANTS = [("production (logits and dP walk key tiles: 64 x 64, 4 war
                        {(t_soft, "causal_backward_fits"): _global_rows_in_full}),
                       ("rows read in full, unseen logits stored", {(t_soft, "causal_band_fits"): _no_band}),
                       ("backward splits over whole rows", {(hp, "band_fits"): _no_band_splits}),
-                      _UNSPECIALIZED]
+                      _UNSPECIALIZED] + [
+    (f"softmax rows: forward {f}, backward {b} warps at most",
+     {(t_soft, "CAUSAL_FORWARD_WARPS"): f, (t_soft, "CAUSAL_BACKWARD_WARPS"): b})
+    for f, b in ((4, 8), (2, 8), (1, 8), (8, 4), (8, 2), (4, 4), (2, 2))] + [
+    (f"softmax rows: full rows {w} warps, causal forward 2", {(t_soft, "ROW_WARPS"): w,
+                                                              (t_soft, "CAUSAL_FORWARD_WARPS"): 2})
+    for w in (4, 16)]
 # measured and removed (docs/perf.md): each block rotated twice, in registers or through a program's own
 # scratch, instead of once through a row-long one; x_hat and w_hat from the forward's int8 codes;
 # for rows contiguous in memory, one row a thread with coalesced loads and the low-to-high stage change

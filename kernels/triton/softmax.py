@@ -197,6 +197,9 @@ def _back(t2: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
     return t2.reshape(shape).movedim(-1, dim).contiguous()
 
 
+ROW_WARPS = 8  # the full-row forward's warps: free for the bits, a knob for benchmarks/ab_tiles.py
+
+
 def _block(n: int) -> int:
     return min(pow2_at_least(n), 2048)
 
@@ -206,7 +209,7 @@ def _launch_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     r, n = x2.shape
     y2 = torch.empty_like(x2)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(n)
-    _forward_kernel[(r,)](x2, y2, n, top, BLOCK=_block(n), ONE=n <= _block(n), num_warps=8, **BR_OPTIONS)
+    _forward_kernel[(r,)](x2, y2, n, top, BLOCK=_block(n), ONE=n <= _block(n), num_warps=ROW_WARPS, **BR_OPTIONS)
     return _back(y2, x, dim)
 
 
@@ -220,6 +223,9 @@ def _launch_backward(y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor
 
 
 MAX_BAND = 2048  # the causal row kernel's keys in registers
+# warps of the causal row kernels (the forward's at most one per 64 keys of its band): free for the bits (max, or
+# and int64 sums are exact in any order), so knobs for benchmarks/ab_tiles.py
+CAUSAL_FORWARD_WARPS, CAUSAL_BACKWARD_WARPS = 2, 8  # forward 2: 1.05x a windowed layer (H100; docs/perf.md)
 
 
 def causal_band_fits(t: int, window: int | None) -> bool:
@@ -259,7 +265,7 @@ def softmax_causal_(x: torch.Tensor, window: int | None, row_nan: torch.Tensor |
     nan = row_nan if row_nan is not None else torch.empty(x2.shape[0], dtype=torch.int32, device=x.device)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
     _causal_forward_kernel[(x2.shape[0],)](x2, y2, nan, t, window, top, BAND=band, BLOCK=_block(t),
-                                           num_warps=max(1, min(8, band // 64)), **BR_OPTIONS)
+                                           num_warps=max(1, min(CAUSAL_FORWARD_WARPS, band // 64)), **BR_OPTIONS)
     return y2.reshape(x.shape)
 
 
@@ -282,8 +288,8 @@ def softmax_causal_backward(y: torch.Tensor, g: torch.Tensor, window: int | None
     dx = torch.empty_like(y)
     top = ref_fixed.TOP_BIT - ref_fixed.headroom_bits(t)
     _causal_backward_kernel[(y.numel() // t,)](y, g, dx, g_flags, t, window, top,
-                                              BAND=pow2_at_least(min(window, t)), BLOCK=_block(t), num_warps=8,
-                                              **BR_OPTIONS)
+                                              BAND=pow2_at_least(min(window, t)), BLOCK=_block(t),
+                                              num_warps=CAUSAL_BACKWARD_WARPS, **BR_OPTIONS)
     return dx
 
 
