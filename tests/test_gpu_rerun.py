@@ -55,7 +55,9 @@ def _run(tmp_path: Path, *args: str) -> tuple[dict[str, str], dict[str, int], st
     shutil.copy(CONFTEST, suite / "conftest.py")
     (suite / "test_standins.py").write_text(TESTS)
     report = tmp_path / "report.xml"
-    env = dict(os.environ, RERUN_COUNTS=str(counts))
+    # not this run's xdist worker variables: the inner run is a run of its own (with its own workers or none)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["RERUN_COUNTS"] = str(counts)
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "always",
                         f"--junitxml={report}", *args, str(suite)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
