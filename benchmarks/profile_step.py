@@ -92,6 +92,44 @@ def _range_name(e: dict) -> str | None:
     return None
 
 
+def _ranges_by_thread(events: list[dict]) -> dict:
+    """thread id -> [(start, end, range name)]: the ranges (_range_name) each host thread ran."""
+    out: dict = {}
+    for e in events:
+        if "dur" in e and (n := _range_name(e)):
+            out.setdefault(e.get("tid"), []).append((e["ts"], e["ts"] + e["dur"], n))
+    return out
+
+
+def kernels_by_op(trace: Path, top: int = 4) -> list[dict]:
+    """GPU time per op, from the Chrome trace: each kernel (or copy, or fill) is charged to the innermost `op:`
+    range or autograd node (`bwd:`) around the host call that launched it, on the launching thread (a backward
+    runs on autograd's own), else to the innermost `phase:` there, else to "(outside any range)". Each row
+    names its `top` heaviest kernels: which part of the step a kernel serves, where kernels_by_grid cannot say."""
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    ranges = _ranges_by_thread(events)
+
+    def owner(launch: dict) -> str:
+        inside = [r for r in ranges.get(launch.get("tid"), []) if r[0] <= launch["ts"] <= r[1]]
+        ops = [r for r in inside if not r[2].startswith("phase:")]
+        pick = ops or inside
+        return max(pick, key=lambda r: r[0])[2] if pick else "(outside any range)"
+    groups: dict[str, dict[str, list[float]]] = {}
+    for e in events:
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        if e.get("cat") in _GPU_CATS and "dur" in e and launch is not None:
+            groups.setdefault(owner(launch), {}).setdefault(e.get("name", "?")[:120], []).append(e["dur"])
+    rows = []
+    for op, kernels in groups.items():
+        heavy = sorted(kernels.items(), key=lambda kv: sum(kv[1]), reverse=True)[:top]
+        rows.append({"op": op, "gpu_ms": sum(map(sum, kernels.values())) / 1e3,
+                     "launches": sum(map(len, kernels.values())),
+                     "kernels": [{"kernel": k, "calls": len(d), "gpu_ms": sum(d) / 1e3} for k, d in heavy]})
+    return sorted(rows, key=lambda r: r["gpu_ms"], reverse=True)
+
+
 def idle_by_range(trace: Path) -> list[dict]:
     """Idle GPU time and host synchronizations per range, from the Chrome trace. A gap between two GPU
     events is charged to the innermost range (latest start) around the host call that launched the second:
@@ -205,6 +243,11 @@ def main(argv=None) -> int:
     print("\n| kernel | grid | calls | GPU ms |\n| --- | --- | --- | --- |")
     for r in by_grid:
         print(f"| {r['kernel'][:60]} | {r['grid']} | {r['calls']} | {r['gpu_ms']:.2f} |")
+    by_op = kernels_by_op(trace)
+    print("\n| op (launching the kernels) | GPU ms | launches | heaviest kernels (ms) |\n| --- | --- | --- | --- |")
+    for r in by_op[:args.top]:
+        heavy = ", ".join(f"{k['kernel'][:40]} {k['gpu_ms']:.2f}" for k in r["kernels"])
+        print(f"| {r['op'][:60]} | {r['gpu_ms']:.2f} | {r['launches']} | {heavy} |")
     idle = idle_by_range(trace)
     print("\n| range (launching after a GPU gap) | idle GPU ms | gaps | host syncs | sync ms |\n"
           "| --- | --- | --- | --- | --- |")
@@ -213,7 +256,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({"backend": args.backend, "hashing": not args.no_hash,
                                "stage_digests": not (args.no_hash or args.state_only), "layers": c.n_layers,
                                "seq_len": c.seq_len, "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy,
-                               "ranges": rows, "kernels": top, "kernels_by_grid": by_grid, "idle_by_range": idle,
+                               "ranges": rows, "kernels": top, "kernels_by_grid": by_grid, "kernels_by_op": by_op,
+                               "idle_by_range": idle,
                                "gpu": torch.cuda.get_device_name()}, indent=1))
     print(f"wrote {out}")
     return 0
