@@ -69,11 +69,17 @@ def _phases() -> None:
         setattr(DigestMemo, name, _ranged(getattr(DigestMemo, name), f"phase:DigestMemo.{name}"))
 
 
+@functools.cache
+def _events(trace: Path) -> list[dict]:
+    """The Chrome trace's events, read once for the tables that each look at them."""
+    return json.loads(trace.read_text()).get("traceEvents", [])
+
+
 def kernels_by_grid(trace: Path) -> list[dict]:
     """GPU time per (kernel, launch grid) from the Chrome trace, heaviest first: which calls of a kernel that
     runs at several shapes (a split, the hp GEMM) carry its time."""
     groups: dict[tuple[str, str], list[float]] = {}
-    for e in json.loads(trace.read_text()).get("traceEvents", []):
+    for e in _events(trace):
         if e.get("cat") == "kernel" and "dur" in e:
             key = (e.get("name", "?"), "x".join(str(g) for g in e.get("args", {}).get("grid", [])))
             groups.setdefault(key, []).append(e["dur"])
@@ -106,7 +112,7 @@ def kernels_by_op(trace: Path, top: int = 4) -> list[dict]:
     range or autograd node (`bwd:`) around the host call that launched it, on the launching thread (a backward
     runs on autograd's own), else to the innermost `phase:` there, else to "(outside any range)". Each row
     names its `top` heaviest kernels: which part of the step a kernel serves, where kernels_by_grid cannot say."""
-    events = json.loads(trace.read_text()).get("traceEvents", [])
+    events = _events(trace)
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     ranges = _ranges_by_thread(events)
@@ -135,7 +141,7 @@ def idle_by_range(trace: Path) -> list[dict]:
     events is charged to the innermost range (latest start) around the host call that launched the second:
     the host was still getting there. Syncs are the host calls that wait for the GPU (a pageable copy, a
     scalar read), counted by the range that made them."""
-    events = json.loads(trace.read_text()).get("traceEvents", [])
+    events = _events(trace)
     ranges = sorted(((e["ts"], e["ts"] + e["dur"], n) for e in events if "dur" in e and (n := _range_name(e))),
                     key=lambda r: r[0])
     runtime = {e["args"]["correlation"]: e for e in events
