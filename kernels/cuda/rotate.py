@@ -230,6 +230,7 @@ def build(device: int, source: str | None = None) -> dict:
     cubin = nvrtc.compile_source(lib, SOURCE.read_text() if source is None else source, SOURCE.name,
                                  [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
     with torch.cuda.device(device):
+        _ensure_context(device)  # the module loads into the thread's current context: autograd's may have none
         fns = _cuda_load_module(cubin, list(KERNELS))
         problem = self_check(functools.partial(_launch_variant, fns), torch.device("cuda", device))
     if problem:
@@ -277,9 +278,9 @@ def _driver() -> ctypes.CDLL:
 
 
 def _ensure_context(device: int) -> None:
-    """Make the device's primary context current on this thread, as Triton's launcher does: the launch goes
-    through the driver API, and a thread that has run no CUDA work yet (autograd's backward thread, at its first
-    op) has no current context there ("invalid device context")."""
+    """Make the device's primary context current on this thread, as Triton's launcher does: the module's load
+    and the launches go through the driver API, and a thread that has run no CUDA work yet (autograd's backward
+    thread, at its first op) has no current context there ("invalid device context")."""
     from torch.cuda._utils import _check_cuda
 
     lib = _driver()

@@ -131,6 +131,48 @@ def test_a_thread_that_has_run_no_cuda_work():
     assert all(same(a, b) for a, b in zip(out["got"], reference(o)))
 
 
+# A fresh process whose first rotate-quantize, and so the kernels' build, runs on a thread other than the one
+# that made the CUDA tensors: autograd's backward thread, or a plain Python thread.
+_FIRST_ON_ANOTHER_THREAD = """
+import sys, threading
+import torch
+from kernels.cuda import rotate
+from kernels.ref import philox
+from kernels.triton import int8_linear as t_lin, rotated_mm as t_rot
+
+x = philox.normal(41, 0, (512, 256), device="cuda").requires_grad_(True)
+w = philox.normal(42, 0, (512, 256), std=0.02, device="cuda").requires_grad_(True)
+g = philox.normal(43, 0, (512, 512), device="cuda")
+if sys.argv[1] == "backward":
+    t_lin.int8_linear(x, w, torch.tensor(0.03, device="cuda")).backward(g)
+else:
+    t = threading.Thread(target=lambda: t_rot.rotate_quantize(g, 512, 512, 512, 1, block=256))
+    t.start()
+    t.join()
+torch.cuda.synchronize()
+print(rotate.status(0))
+"""
+
+
+@pytest.mark.parametrize("where", ["backward", "thread"])
+def test_the_build_on_a_thread_with_no_cuda_work_yet(where):
+    """The build loads its module through the driver API: on a thread with no current context (autograd's, at
+    its first op) that failed with "invalid device context" until the build made the device's context current,
+    and the process ran the Triton kernel from then on (same bits, slower)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _FIRST_ON_ANOTHER_THREAD, where],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "built", done.stdout + done.stderr[-3000:]
+
+
 def test_int8_linear_backward_through_autograd():
     """The benchmark's case that found the missing context: a backward whose first kernel is a CUDA rotation."""
     from kernels.ref import int8_linear as r_lin
