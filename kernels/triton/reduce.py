@@ -18,6 +18,7 @@ from kernels.ref import fixed as ref_fixed, reduce as ref
 from kernels.ref.checks import expect
 from kernels.triton.fixedpoint import from_fixed, nonfinite_sum, or_reduce, scale_shift, span_stats, to_fixed
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least, upload
+from kernels.triton.tables import owner
 
 BLOCK = 1024
 TARGET_PROGRAMS = 1024  # enough programs to fill 132 SMs several times over
@@ -83,27 +84,46 @@ def _row_kernel(x_ptr, out_ptr, n, top, scale_bits, HAS_SCALE: tl.constexpr, BLO
     tl.store(out_ptr + row, _result(tl.sum(acc, 0), s, fl, scale_bits, out_ptr.dtype.element_ty, HAS_SCALE))
 
 
-@triton.jit(do_not_specialize=["n", "span"])
-def _l2_stats_kernel(x_ptr, amax_ptr, bad_ptr, n, span, BLOCK: tl.constexpr):
-    """Per split of one flat tensor: its largest finite square and the float64 sum of its non-finite squares."""
+@triton.jit
+def _split_of(table, starts, T, BF16: tl.constexpr, TPAD: tl.constexpr):
+    """(x, lo, span, n): this program's split of its tensor. table[t] = (address, n, span) of tensor t, whose
+    splits are programs starts[t].. (kernels/triton/tables)."""
+    p = tl.program_id(0)
+    t = owner(starts, p, T, TPAD)
+    addr = tl.load(table + t * 3)
+    if BF16:
+        x_ptr = addr.to(tl.pointer_type(tl.bfloat16))
+    else:
+        x_ptr = addr.to(tl.pointer_type(tl.float32))
+    span = tl.load(table + t * 3 + 2)
+    return x_ptr, (p - tl.load(starts + t)).to(tl.int64) * span, span, tl.load(table + t * 3 + 1)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _l2_stats_kernel(table, starts, T, amax_ptr, bad_ptr, BF16: tl.constexpr, TPAD: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Per split of the tensors of one dtype: its largest finite square and the float64 sum of its non-finite
+    squares."""
+    x_ptr, lo, span, n = _split_of(table, starts, T, BF16, TPAD)
+    amax, fl = span_stats(x_ptr, lo, span, n, True, BLOCK)
     part = tl.program_id(0)
-    amax, fl = span_stats(x_ptr, part.to(tl.int64) * span, span, n, True, BLOCK)
     tl.store(amax_ptr + part, amax)
     tl.store(bad_ptr + part, nonfinite_sum(fl))  # 0, +inf or NaN (a square is never -inf)
 
 
-@triton.jit(do_not_specialize=["n", "span"])
-def _l2_sum_kernel(x_ptr, s_ptr, part_ptr, n, span, BLOCK: tl.constexpr):
-    """Per split of one flat tensor: the int64 sum of its finite squares at the one scale 2^s (s from s_ptr)."""
-    part = tl.program_id(0)
-    lo = part.to(tl.int64) * span
+@triton.jit(do_not_specialize=["T"])
+def _l2_sum_kernel(table, starts, T, s_ptr, part_ptr, BF16: tl.constexpr, TPAD: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """Per split of the tensors of one dtype: the int64 sum of its finite squares at the one scale 2^s (s from
+    s_ptr)."""
+    x_ptr, lo, span, n = _split_of(table, starts, T, BF16, TPAD)
     s = tl.load(s_ptr)
     acc = tl.zeros([BLOCK], tl.int64)
     for start in range(0, span, BLOCK):
         idx = lo + start + tl.arange(0, BLOCK)
         v = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float64)
         acc += to_fixed(v * v, s)  # exact: any order of these integer adds gives the same sum
-    tl.store(part_ptr + part, tl.sum(acc, 0))
+    tl.store(part_ptr + tl.program_id(0), tl.sum(acc, 0))
 
 
 def _double_bits(v: float) -> int:
@@ -189,38 +209,64 @@ def mean(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
 
 
 def global_l2_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """kernels.ref.reduce.global_l2_norm, computed by two launches per tensor and no host sync (same bits).
+    """kernels.ref.reduce.global_l2_norm, computed by two launches per dtype and no host sync (same bits).
 
     Every tensor is split over programs; pass 1 writes each split's largest finite square and the sum of
     its non-finite squares, pass 2 each split's int64 sum at the one scale taken from the max over all
-    splits of all tensors. The splits of every tensor share one buffer per statistic, reduced by torch:
-    max, int64 sums and sums of 0/+inf/NaN are order-free. The reference's final step ends it.
+    splits of all tensors. One launch takes every tensor of a dtype (a table row each, kernels/triton/tables):
+    a launch per tensor left the GPU idle while the host launched the gradients' ~160 tensors (docs/perf.md).
+    The splits share one buffer per statistic, reduced by torch: max, int64 sums and sums of 0/+inf/NaN are
+    order-free. The reference's final step ends it.
     """
     for i, t in enumerate(tensors):
         expect("global_l2_norm", f"tensors[{i}]", t, dtype=(torch.float32, torch.bfloat16))
     if not tensors or not on_triton(*tensors) or len({t.device for t in tensors}) > 1:
         return ref.global_l2_norm(tensors)
-    plan, splits, n = [], 0, 0  # (flat tensor, span, first split, split count) per non-empty tensor
-    for t in tensors:
-        x = t.contiguous().view(-1)
-        if x.numel():
-            k = max(1, min(cdiv(x.numel(), 4 * BLOCK), TARGET_PROGRAMS))
-            span = cdiv(cdiv(x.numel(), k), BLOCK) * BLOCK
-            plan.append((x, span, splits, cdiv(x.numel(), span)))
-            splits += plan[-1][3]
+    flat = [t.contiguous().view(-1) for t in tensors]  # kept alive until the launches are queued
+    n = 0
+    for x in flat:  # (this module's `sum` is the exact reduction's twin)
         n += x.numel()
-    if not plan:  # only empty tensors: nothing to launch
-        return ref.global_l2_norm(tensors)
     dev = tensors[0].device
+    groups = [_l2_table([x for x in flat if x.dtype == dt and x.numel()], dev) for dt in (torch.float32, torch.bfloat16)]
+    groups = [g for g in groups if g is not None]
+    if not groups:  # only empty tensors: nothing to launch
+        return ref.global_l2_norm(tensors)
+    splits = 0
+    for g in groups:
+        splits += g["programs"]
     amax = torch.empty(splits, dtype=torch.float64, device=dev)
     bad = torch.empty(splits, dtype=torch.float64, device=dev)
     parts = torch.empty(splits, dtype=torch.int64, device=dev)
-    for x, span, lo, k in plan:
-        _l2_stats_kernel[(k,)](x, amax[lo:], bad[lo:], x.numel(), span, BLOCK=BLOCK, **BR_OPTIONS)
+    at = 0
+    for g in groups:
+        _l2_stats_kernel[(g["programs"],)](g["table"], g["starts"], g["T"], amax[at:], bad[at:], **g["meta"],
+                                           BLOCK=BLOCK, **BR_OPTIONS)
+        at += g["programs"]
     s = ref_fixed.scale_exponent(torch.amax(amax), n)  # the reference's scale from the same max (exact)
-    for x, span, lo, k in plan:
-        _l2_sum_kernel[(k,)](x, s, parts[lo:], x.numel(), span, BLOCK=BLOCK, **BR_OPTIONS)
+    at = 0
+    for g in groups:
+        _l2_sum_kernel[(g["programs"],)](g["table"], g["starts"], g["T"], s, parts[at:], **g["meta"], BLOCK=BLOCK,
+                                         **BR_OPTIONS)
+        at += g["programs"]
     return ref.l2_norm_from_fixed(parts.sum(), s, bad.sum())  # br-ok: int64 sum; 0/+inf/NaN sum is order-free
+
+
+def _l2_table(flat: list[torch.Tensor], device: torch.device) -> dict | None:
+    """One launch's table for non-empty flat tensors of one dtype (None for none): a row (address, n, span)
+    each, a tensor in up to TARGET_PROGRAMS splits of whole BLOCKs, and each tensor's first program."""
+    if not flat:
+        return None
+    rows, starts, programs = [], [], 0
+    for x in flat:
+        k = max(1, min(cdiv(x.numel(), 4 * BLOCK), TARGET_PROGRAMS))
+        span = cdiv(cdiv(x.numel(), k), BLOCK) * BLOCK
+        rows += [x.data_ptr(), x.numel(), span]
+        starts.append(programs)
+        programs += cdiv(x.numel(), span)
+    # pageable and non-blocking: staged at once, no wait for the GPU's queue; one transfer for both
+    host = torch.tensor(rows + starts, dtype=torch.int64).to(device, non_blocking=True)
+    return {"table": host, "starts": host[len(rows):], "T": len(flat), "programs": programs,
+            "meta": dict(BF16=flat[0].dtype == torch.bfloat16, TPAD=pow2_at_least(len(flat)))}
 
 
 def __getattr__(name: str):

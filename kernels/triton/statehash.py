@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton.launch import INTERPRET, cdiv
+from kernels.triton.tables import owner
 
 CHUNK = 1024
 LANES = 128  # chunks per program
@@ -171,14 +172,6 @@ def _block(w_ptr, c, b, n_words, on, full, LANES: tl.constexpr, V4: tl.constexpr
     return m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15
 
 
-@triton.jit
-def _owner(starts, p, T, TPAD: tl.constexpr):
-    """Which of T tensors program p works on: the last t with starts[t] <= p (starts ascending)."""
-    k = tl.arange(0, TPAD)
-    s = tl.load(starts + k, mask=k < T, other=2**62)
-    return tl.sum((s <= p).to(tl.int32), axis=0) - 1
-
-
 @triton.jit(do_not_specialize=["T", "one"])
 def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.constexpr, V4: tl.constexpr,
                   PREFETCH: tl.constexpr):
@@ -187,7 +180,7 @@ def _chunk_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, LANES: tl.const
     byte count, offset of its chunk nodes in ws, 1 if one chunk); chunk counters count from the tensor's start."""
     one = one.to(tl.uint32)  # _g's opaque 1
     p = tl.program_id(0)
-    t = _owner(starts, p, T, TPAD)
+    t = owner(starts, p, T, TPAD)
     w_ptr = tl.load(table + t * 4).to(tl.pointer_type(tl.int32))
     n_bytes = tl.load(table + t * 4 + 1)
     dst = tl.load(table + t * 4 + 2)
@@ -250,7 +243,7 @@ def _group_kernel(table, starts, ws, T, one, TPAD: tl.constexpr, GROUP: tl.const
     unrolled register levels took Triton's coalescing pass minutes to compile."""
     one = one.to(tl.uint32)  # _g's opaque 1
     p = tl.program_id(0)
-    t = _owner(starts, p, T, TPAD)
+    t = owner(starts, p, T, TPAD)
     src = tl.load(table + t * 4)
     n = tl.load(table + t * 4 + 1)
     dst = tl.load(table + t * 4 + 2)
