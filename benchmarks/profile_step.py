@@ -1,12 +1,13 @@
-"""Where a training step's GPU time goes: one `app.step.run_step` (+ the state hash) under torch.profiler.
+"""Where a training step's GPU time goes: `app.step.run_step` (+ the state hash) under torch.profiler.
 
-    python3 benchmarks/profile_step.py [--backend triton] [--layers 4] [--seq-len 2048] [--batch 4]
+    python3 benchmarks/profile_step.py [--backend triton] [--layers 4] [--seq-len 2048] [--batch 4] [--steps 1]
 
 The same open-1b proxy as benchmarks/train_throughput.py. Every op the forward calls through the backend
 namespace, every autograd backward node and the step's phases (reduction, clip, AdamW, stage digests, state
 hash) become profiler ranges; the table lists each range's GPU kernel time (summed over calls) and share of
 the step, then the heaviest kernels, and the heaviest (kernel, launch grid) pairs from the trace. GPU busy
-time against the wall clock says how much is launch overhead.
+time against the wall clock says how much is launch overhead; the idle table says which range the host was
+in when the GPU waited for its next kernel (with --steps > 1, across the steps' boundaries as well).
 Writes JSON (benchmarks/results/profile_step.json) and a Chrome trace next to it.
 """
 from __future__ import annotations
@@ -107,26 +108,35 @@ def _ranges_by_thread(events: list[dict]) -> dict:
     return out
 
 
+def _launches(events: list[dict]) -> dict:
+    """correlation id -> the host call that launched it: the runtime's (torch) or the driver's (Triton's
+    launcher calls cuLaunchKernel directly)."""
+    return {e["args"]["correlation"]: e for e in events
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+
+
+def _innermost(ranges: dict, e: dict, ops_first: bool) -> str:
+    """The innermost range (latest start) around host event `e` on its own thread; with `ops_first`, an `op:`
+    or `bwd:` range before any `phase:`."""
+    inside = [r for r in ranges.get(e.get("tid"), []) if r[0] <= e["ts"] <= r[1]]
+    ops = [r for r in inside if not r[2].startswith("phase:")] if ops_first else []
+    pick = ops or inside
+    return max(pick, key=lambda r: r[0])[2] if pick else "(outside any range)"
+
+
 def kernels_by_op(trace: Path, top: int = 4) -> list[dict]:
     """GPU time per op, from the Chrome trace: each kernel (or copy, or fill) is charged to the innermost `op:`
     range or autograd node (`bwd:`) around the host call that launched it, on the launching thread (a backward
     runs on autograd's own), else to the innermost `phase:` there, else to "(outside any range)". Each row
     names its `top` heaviest kernels: which part of the step a kernel serves, where kernels_by_grid cannot say."""
     events = _events(trace)
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    ranges = _ranges_by_thread(events)
-
-    def owner(launch: dict) -> str:
-        inside = [r for r in ranges.get(launch.get("tid"), []) if r[0] <= launch["ts"] <= r[1]]
-        ops = [r for r in inside if not r[2].startswith("phase:")]
-        pick = ops or inside
-        return max(pick, key=lambda r: r[0])[2] if pick else "(outside any range)"
+    launches, ranges = _launches(events), _ranges_by_thread(events)
     groups: dict[str, dict[str, list[float]]] = {}
     for e in events:
         launch = launches.get(e.get("args", {}).get("correlation"))
         if e.get("cat") in _GPU_CATS and "dur" in e and launch is not None:
-            groups.setdefault(owner(launch), {}).setdefault(e.get("name", "?")[:120], []).append(e["dur"])
+            owner = _innermost(ranges, launch, ops_first=True)
+            groups.setdefault(owner, {}).setdefault(e.get("name", "?")[:120], []).append(e["dur"])
     rows = []
     for op, kernels in groups.items():
         heavy = sorted(kernels.items(), key=lambda kv: sum(kv[1]), reverse=True)[:top]
@@ -138,34 +148,29 @@ def kernels_by_op(trace: Path, top: int = 4) -> list[dict]:
 
 def idle_by_range(trace: Path) -> list[dict]:
     """Idle GPU time and host synchronizations per range, from the Chrome trace. A gap between two GPU
-    events is charged to the innermost range (latest start) around the host call that launched the second:
-    the host was still getting there. Syncs are the host calls that wait for the GPU (a pageable copy, a
-    scalar read), counted by the range that made them."""
+    events is charged to the innermost range (latest start) around the host call that launched the second,
+    on the launching thread: the host was still getting there. Syncs are the host calls that wait for the GPU
+    (a pageable copy, a scalar read), counted by the range that made them, on their thread."""
     events = _events(trace)
-    ranges = sorted(((e["ts"], e["ts"] + e["dur"], n) for e in events if "dur" in e and (n := _range_name(e))),
-                    key=lambda r: r[0])
-    runtime = {e["args"]["correlation"]: e for e in events
-               if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-
-    def where(t: float) -> str:
-        inside = [r for r in ranges if r[0] <= t <= r[1]]
-        return max(inside, key=lambda r: r[0])[2] if inside else "(outside any range)"
+    launches, ranges = _launches(events), _ranges_by_thread(events)
     rows: dict[str, dict] = {}
 
     def row(name: str) -> dict:
         return rows.setdefault(name, {"range": name, "idle_ms": 0.0, "gaps": 0, "syncs": 0, "sync_ms": 0.0})
     gpu = sorted((e for e in events if e.get("cat") in _GPU_CATS and "dur" in e), key=lambda e: e["ts"])
-    for prev, nxt in zip(gpu, gpu[1:]):
-        gap = nxt["ts"] - (prev["ts"] + prev["dur"])
-        launch = runtime.get(nxt.get("args", {}).get("correlation"))
+    busy_until = gpu[0]["ts"] + gpu[0]["dur"] if gpu else 0.0
+    for nxt in gpu[1:]:
+        gap = nxt["ts"] - busy_until  # from the end of all earlier work (a side stream's included)
+        busy_until = max(busy_until, nxt["ts"] + nxt["dur"])
+        launch = launches.get(nxt.get("args", {}).get("correlation"))
         if gap > 0 and launch is not None:
-            r = row(where(launch["ts"]))
+            r = row(_innermost(ranges, launch, ops_first=False))
             r["idle_ms"] += gap / 1e3
             r["gaps"] += 1
     for e in events:
         name = e.get("name", "")
         if e.get("cat") == "cuda_runtime" and name.startswith(_SYNCS) and not name.startswith("cudaMemcpyAsync"):
-            r = row(where(e["ts"]))
+            r = row(_innermost(ranges, e, ops_first=False))
             r["syncs"] += 1
             r["sync_ms"] += e.get("dur", 0) / 1e3
     return sorted(rows.values(), key=lambda r: r["idle_ms"], reverse=True)
@@ -178,6 +183,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=1,
+                    help="steps profiled one after another, unsynchronized as the trainer runs them (tables: sums)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--no-hash", action="store_true", help="stage digests off and no state hash (the nohash arm)")
     ap.add_argument("--state-only", action="store_true",
@@ -200,7 +207,7 @@ def main(argv=None) -> int:
     _phases()
     st = TrainState.fresh(init_params(c, cfg.train.seed, ctx.device))
     code, cj = code_version(), canonical_json(cfg.to_dict()).decode()
-    batches = token_batches(c, args.batch, args.warmup + 1)
+    batches = token_batches(c, args.batch, args.warmup + args.steps)
 
     def step(ids):
         r = run_step(st, ids, Topology(), ctx)
@@ -208,12 +215,13 @@ def main(argv=None) -> int:
             with record_function("phase:state_hash"):
                 state_hash(state_entries(st, cj, code, {"window": st.step}), r.memo)
 
-    for b in batches[:-1]:
+    for b in batches[:args.warmup]:
         step(b)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        step(batches[-1])
+        for b in batches[args.warmup:]:
+            step(b)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     out = Path(args.out)
@@ -231,7 +239,8 @@ def main(argv=None) -> int:
     ranges = sorted((e for e in events if e.key.startswith(("op:", "phase:", "autograd::engine::evaluate_function"))),
                     key=dev_us, reverse=True)
     arm = args.backend + (" (no hashing)" if args.no_hash else " (state hash only)" if args.state_only else "")
-    print(f"\n{arm} step, {c.n_layers} layers, T {c.seq_len}, {args.batch} windows: wall {wall:.3f} s, "
+    steps = f"{args.steps} steps (sums)" if args.steps > 1 else "step"
+    print(f"\n{arm} {steps}, {c.n_layers} layers, T {c.seq_len}, {args.batch} windows: wall {wall:.3f} s, "
           f"GPU kernels {busy:.3f} s ({100 * busy / wall:.0f}% busy)\n")
     print("| range | calls | GPU ms | share of wall | CPU ms |\n| --- | --- | --- | --- | --- |")
     rows = []
@@ -259,9 +268,12 @@ def main(argv=None) -> int:
           "| --- | --- | --- | --- | --- |")
     for r in idle[:args.top]:
         print(f"| {r['range'][:60]} | {r['idle_ms']:.2f} | {r['gaps']} | {r['syncs']} | {r['sync_ms']:.2f} |")
+    idle_ms = sum(r["idle_ms"] for r in idle)
+    print(f"\nGPU idle between its first and last event: {idle_ms:.2f} ms ({idle_ms / args.steps:.2f} ms a step)")
     out.write_text(json.dumps({"backend": args.backend, "hashing": not args.no_hash,
                                "stage_digests": not (args.no_hash or args.state_only), "layers": c.n_layers,
-                               "seq_len": c.seq_len, "batch": args.batch, "wall_s": wall, "gpu_busy_s": busy,
+                               "seq_len": c.seq_len, "batch": args.batch, "steps": args.steps, "wall_s": wall,
+                               "gpu_busy_s": busy, "gpu_idle_ms": idle_ms,
                                "ranges": rows, "kernels": top, "kernels_by_grid": by_grid, "kernels_by_op": by_op,
                                "idle_by_range": idle,
                                "gpu": torch.cuda.get_device_name()}, indent=1))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.profile_step import kernels_by_op
+from benchmarks.profile_step import idle_by_range, kernels_by_op
 
 MAIN, AUTOGRAD = 1, 2
 
@@ -42,3 +42,21 @@ def test_kernels_go_to_the_innermost_op_on_their_launching_thread(tmp_path):
         "phase:clip": (0.07, 1), "(outside any range)": (0.01, 1), "phase:reduce_gradients": (0.02, 1)}
     assert rows["op:attention.attention"]["kernels"] == [{"kernel": "_pv_kernel", "calls": 2, "gpu_ms": 0.5}]
     assert [r["op"] for r in kernels_by_op(trace)][:2] == ["op:attention.attention", "bwd:_AttentionBackward"]
+
+
+def test_idle_gaps_go_to_the_range_that_launched_the_next_kernel_on_its_thread(tmp_path):
+    """Triton launches through the driver (cuLaunchKernel): their gaps count, charged on the launching thread."""
+    events = [_range("phase:clip", 0, 1000, MAIN), _range("op:reduce.global_l2_norm", 100, 300, MAIN),
+              _range("autograd::engine::evaluate_function: _AttentionBackward", 0, 1000, AUTOGRAD, "cpu_op")]
+    events += _kernel("a", 50, AUTOGRAD, 1, 10)  # kernel at 1001..1011
+    events += _kernel("b", 150, MAIN, 5, 4)  # runtime launch; kernel at 1005: overlaps, no gap
+    launch, kernel = _kernel("_l2_sum_kernel", 200, MAIN, 20, 5)  # kernel at 1020: a 9 us gap
+    launch.update(cat="cuda_driver", name="cuLaunchKernel")
+    events += [launch, kernel]
+    events += _kernel("mul", 500, MAIN, 40, 5)  # at 1040, 15 us after the last: in the clip phase, no op
+    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 300, "dur": 7, "tid": MAIN}]
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    rows = {r["range"]: r for r in idle_by_range(trace)}
+    assert {k: (round(r["idle_ms"] * 1e3), r["gaps"], r["syncs"]) for k, r in rows.items()} == {
+        "op:reduce.global_l2_norm": (9, 1, 1), "phase:clip": (15, 1, 0)}
