@@ -93,7 +93,8 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(nvrtc, "library", lambda major: calls.update(major=major) or calls.setdefault("lib", FakeNVRTC()))
     monkeypatch.setattr(cu, "_cuda_load_module", lambda binary, names: calls.update(loaded=(binary, names)) or
-                        {n: object() for n in names}, raising=False)
+                        calls.setdefault("order", []).append("load") or {n: object() for n in names}, raising=False)
+    monkeypatch.setattr(rotate, "_ensure_context", lambda device: calls.setdefault("order", []).append(("context", device)))
     monkeypatch.setattr(rotate, "self_check", lambda launch_variant, device: calls.get("self_check"))
     rotate._kernels.cache_clear()
     yield calls
@@ -110,6 +111,8 @@ def test_the_build_targets_the_devices_arch_with_the_br_options(fake_device):
     assert lib.name == rotate.SOURCE.name.encode()
     assert fake_device["loaded"] == (lib.output, list(rotate.KERNELS))
     assert fake_device["major"] == 13  # torch's CUDA major: the libnvrtc its wheels ship
+    # the module loads into the thread's current context: made current first (autograd's thread may have none)
+    assert fake_device["order"] == [("context", 0), "load"]
     assert rotate.status(0) == "built"
 
 
