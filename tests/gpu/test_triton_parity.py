@@ -205,9 +205,10 @@ def check_l2(shapes, dtype, plant) -> None:
                 {"y": r_reduce.global_l2_norm([t.to(CUDA) for t in ts])}, {"y": r_reduce.global_l2_norm(ts)})
 
 
-def test_global_l2_norm_kept_tables_read_the_values_of_each_call():
-    """The split tables are kept by the tensors' addresses: a second call on the same tensors, changed in place
-    (as each step's gradients recur at the same addresses), reads the new values; strided views are copied."""
+def test_global_l2_norm_reads_each_calls_values_and_strided_views():
+    """One launch reads every tensor through a table of addresses: calls on the same tensors, changed in place
+    between them (as each step's gradients recur at the same addresses), read the new values; a strided view
+    is read through its contiguous copy."""
     ts = [wide(sh, "l2-kept", i).to(CUDA) for i, sh in enumerate([(300, 7), (4097,), (5, 3)])]
     ts.append(wide((64, 40), "l2-kept", 3).to(CUDA).t())  # not contiguous
     for scale in (1.0, 2.0 ** 40, 0.0):
