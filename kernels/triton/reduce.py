@@ -227,7 +227,8 @@ def global_l2_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     for x in flat:  # (this module's `sum` is the exact reduction's twin)
         n += x.numel()
     dev = tensors[0].device
-    groups = [_l2_table([x for x in flat if x.dtype == dt and x.numel()], dev) for dt in (torch.float32, torch.bfloat16)]
+    groups = [_l2_table([x for x in flat if x.dtype == dt and x.numel()], dev)
+              for dt in (torch.float32, torch.bfloat16)]
     groups = [g for g in groups if g is not None]
     if not groups:  # only empty tensors: nothing to launch
         return ref.global_l2_norm(tensors)
