@@ -11,10 +11,11 @@ Two layouts of an operand's rows along C, with Hadamard blocks of 256 and C a mu
   than ~4 an SM, the split's amax and flags combined by atomics (max and or: exact in any order).
 
 The build calls NVRTC (kernels/cuda/nvrtc.py) through the libnvrtc that torch's CUDA wheels ship; the CUBIN is
-loaded and launched by torch's private helpers (torch.cuda._utils._cuda_load_module and the kernels it returns,
-present in torch 2.11 and 2.13): no CUDA toolkit, no CuPy, no nvcc. The launcher passes Python ints as C ints,
-which is why the kernels take int strides and `launch` checks that they fit. Each build is checked against
-kernels/ref before first use (self_check), so a change in those helpers cannot give silently wrong bits.
+loaded by torch's private helper (torch.cuda._utils._cuda_load_module, present in torch 2.11 and 2.13) and each
+kernel launched through the driver's cuLaunchKernel by `Kernel`: no CUDA toolkit, no CuPy, no nvcc. The launcher
+passes Python ints as C ints, which is why the kernels take int strides and `launch` checks that they fit. Each
+build is checked against kernels/ref before first use (self_check), through the same launcher, so a change in
+the helper or in the argument passing cannot give silently wrong bits.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import ctypes
 import functools
 import os
 import re
+import threading
 import warnings
 from pathlib import Path
 
@@ -112,18 +114,19 @@ def _launch_variant(fns: dict, variant: str, src: torch.Tensor, rows: int, c: in
     device, kp = _index(src), q.shape[1]
     with _on(device):
         _ensure_context(device)
+        stream = torch.cuda.current_stream(device).cuda_stream
         if variant == "rows":
-            _call(fns["rotate_quantize_rows"], (rows,), rows_args(src, q, step, bad, s_row, c, kp))
+            fns["rotate_quantize_rows"]((rows,), rows_args(src, q, step, bad, s_row, c, kp), stream)
             return
         splits = col_splits(rows, c, _sm_count(device)) if variant == "cols-split" else 1
         grid = (-(-rows // COLS), splits)
         if variant == "cols":
-            _call(fns["rotate_quantize_cols"], grid, cols_args(src, q, step, bad, s_col, rows, c, kp, pre))
+            fns["rotate_quantize_cols"](grid, cols_args(src, q, step, bad, s_col, rows, c, kp, pre), stream)
             return
         words = torch.zeros((3, rows), dtype=torch.int32, device=src.device)  # amax bits, NaN, flag
         amax_args, codes_args = split_args(src, q, step, bad, s_col, rows, c, kp, pre, words)
-        _call(fns["rotate_cols_amax"], grid, amax_args)
-        _call(fns["rotate_cols_codes"], grid, codes_args)
+        fns["rotate_cols_amax"](grid, amax_args, stream)
+        fns["rotate_cols_codes"](grid, codes_args, stream)
 
 
 # The build's self-check: (variant, operand rows, C, pre-scale) on planted operands, against kernels/ref
@@ -231,7 +234,8 @@ def build(device: int, source: str | None = None) -> dict:
                                  [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
     with torch.cuda.device(device):
         _ensure_context(device)  # the module loads into the thread's current context: autograd's may have none
-        fns = _cuda_load_module(cubin, list(KERNELS))
+        kinds = signatures() if source is None else {name: None for name in KERNELS}
+        fns = {name: Kernel(k.func, kinds[name]) for name, k in _cuda_load_module(cubin, list(KERNELS)).items()}
         problem = self_check(functools.partial(_launch_variant, fns), torch.device("cuda", device))
     if problem:
         raise RuntimeError(f"self-check: {problem}")
@@ -294,5 +298,44 @@ def _ensure_context(device: int) -> None:
     _check_cuda(lib.cuCtxSetCurrent(ctx))
 
 
-def _call(kernel, grid: tuple[int, ...], args: list) -> None:
-    kernel(grid=(*grid, *(1,) * (3 - len(grid))), block=(THREADS, 1, 1), args=args)
+class Kernel:
+    """One loaded kernel, launched through the driver's cuLaunchKernel on torch's current stream.
+
+    torch's own launcher (torch.cuda._utils._CudaKernel) makes and casts a ctypes value for every argument on
+    every call; these kernels take 7-14 arguments and the int8 linear's backward launches them ~450 times a step,
+    a backward that was host-bound on a slow host (docs/perf.md). So each thread makes one C value a parameter
+    and the array of their addresses once, and a launch sets the values: Python ints as C ints (the kernels take
+    int strides; `launch` checks they fit), tensors as their addresses. `kinds` ("ptr" or "int" per parameter,
+    from the source: signatures) fixes the values' types; None takes them from the first call's arguments (a
+    benchmark's other revision of the source)."""
+
+    def __init__(self, func: ctypes.c_void_p, kinds: list[str] | None):
+        if kinds is not None and set(kinds) - {"ptr", "int"}:
+            raise ValueError(f"{SOURCE.name}: a kernel parameter of a kind other than a pointer or an int: {kinds}")
+        self.func, self.kinds = func, kinds
+        self._local = threading.local()
+
+    def _values(self, args: list) -> tuple[list, ctypes.Array]:
+        """This thread's C values and the array of their addresses (made on its first launch)."""
+        made = getattr(self._local, "made", None)
+        if made is None:
+            kinds = self.kinds or ["ptr" if isinstance(a, torch.Tensor) else "int" for a in args]
+            values = [ctypes.c_void_p() if k == "ptr" else ctypes.c_int() for k in kinds]
+            made = self._local.made = (values, (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values)))
+        return made
+
+    def __call__(self, grid: tuple[int, ...], args: list, stream: int) -> None:
+        values, array = self._values(args)
+        if len(args) != len(values):
+            raise ValueError(f"{SOURCE.name}: {len(args)} arguments for a kernel of {len(values)} parameters")
+        for v, a in zip(values, args):
+            v.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+        gx, gy, gz = (*grid, *(1,) * (3 - len(grid)))
+        _check(_driver().cuLaunchKernel(self.func, gx, gy, gz, THREADS, 1, 1, 0, ctypes.c_void_p(stream), array,
+                                        None))
+
+
+def _check(rc: int) -> None:
+    from torch.cuda._utils import _check_cuda
+
+    _check_cuda(rc)

@@ -93,7 +93,8 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(nvrtc, "library", lambda major: calls.update(major=major) or calls.setdefault("lib", FakeNVRTC()))
     monkeypatch.setattr(cu, "_cuda_load_module", lambda binary, names: calls.update(loaded=(binary, names)) or
-                        calls.setdefault("order", []).append("load") or {n: object() for n in names}, raising=False)
+                        calls.setdefault("order", []).append("load") or
+                        {n: cu._CudaKernel(ctypes.c_void_p(i + 1), None) for i, n in enumerate(names)}, raising=False)
     monkeypatch.setattr(rotate, "_ensure_context", lambda device: calls.setdefault("order", []).append(("context", device)))
     monkeypatch.setattr(rotate, "self_check", lambda launch_variant, device: calls.get("self_check"))
     rotate._kernels.cache_clear()
@@ -168,3 +169,57 @@ def test_the_self_check_passes_the_kernels_arithmetic():
 ])
 def test_the_self_check_names_what_differs(case, what):
     assert rotate.self_check(_emulated(case), "cpu").startswith(what)
+
+
+class FakeDriver:
+    """cuLaunchKernel as the driver gets it: reads each parameter back through the array of addresses."""
+
+    def __init__(self, kinds: list[str]):
+        self.kinds, self.launches = kinds, []
+
+    def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        read = {"ptr": lambda a: ctypes.c_void_p.from_address(a).value, "int": lambda a: ctypes.c_int.from_address(a).value}
+        self.launches.append({"func": func.value, "grid": (gx, gy, gz), "block": (bx, by, bz), "shared": shared,
+                              "stream": stream.value, "args": [read[k](params[i]) for i, k in enumerate(self.kinds)],
+                              "extra": extra})
+        return 0
+
+
+def test_a_launch_passes_each_argument_as_its_parameter_kind(monkeypatch):
+    """rotate.Kernel, the launcher the build wraps each kernel in: tensors as addresses, ints as C ints (negative
+    ones too), on the given stream, THREADS a block; each thread its own values; a wrong count refused."""
+    import threading
+
+    kinds = rotate.signatures()["rotate_cols_amax"]
+    driver = FakeDriver(kinds)
+    monkeypatch.setattr(rotate, "_driver", lambda: driver)
+    kernel = rotate.Kernel(ctypes.c_void_p(77), kinds)
+    t = [torch.zeros(4) for _ in range(kinds.count("ptr"))]
+
+    def args(base):
+        it = iter(t)
+        return [next(it) if k == "ptr" else base - i for i, k in enumerate(kinds)]
+    kernel((3, 2), args(1000), 0xABC)
+    worker = threading.Thread(target=kernel, args=((5,), args(-7), 0))
+    worker.start()
+    worker.join()
+    kernel((1,), args(2**31 - 1), 5)
+    want = [[x.data_ptr() if k == "ptr" else x for k, x in zip(kinds, args(b))] for b in (1000, -7, 2**31 - 1)]
+    assert [la["args"] for la in driver.launches] == want
+    assert [(la["grid"], la["stream"]) for la in driver.launches] == [((3, 2, 1), 0xABC), ((5, 1, 1), None),
+                                                                        ((1, 1, 1), 5)]
+    assert {(la["func"], la["block"], la["shared"], la["extra"]) for la in driver.launches} == {
+        (77, (rotate.THREADS, 1, 1), 0, None)}
+    with pytest.raises(ValueError, match="9 arguments for a kernel of 10 parameters"):
+        kernel((1,), args(0)[:-1], 0)
+    with pytest.raises(ValueError, match="other than a pointer or an int"):
+        rotate.Kernel(ctypes.c_void_p(1), ["ptr", "float"])
+
+
+def test_a_kernel_without_kinds_takes_them_from_its_first_arguments(monkeypatch):
+    """The kernels of another revision of the source (a benchmark's) have no signature here."""
+    driver = FakeDriver(["ptr", "int", "ptr"])
+    monkeypatch.setattr(rotate, "_driver", lambda: driver)
+    a, b = torch.zeros(2), torch.zeros(3)
+    rotate.Kernel(ctypes.c_void_p(1), None)((1,), [a, -5, b], 0)
+    assert driver.launches[0]["args"] == [a.data_ptr(), -5, b.data_ptr()]
