@@ -331,11 +331,8 @@ class Kernel:
         for v, a in zip(values, args):
             v.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
         gx, gy, gz = (*grid, *(1,) * (3 - len(grid)))
-        _check(_driver().cuLaunchKernel(self.func, gx, gy, gz, THREADS, 1, 1, 0, ctypes.c_void_p(stream), array,
-                                        None))
+        rc = _driver().cuLaunchKernel(self.func, gx, gy, gz, THREADS, 1, 1, 0, ctypes.c_void_p(stream), array, None)
+        if rc:  # the error's name and text, as torch's launcher raises them (imported only then: a hot path)
+            from torch.cuda._utils import _check_cuda
 
-
-def _check(rc: int) -> None:
-    from torch.cuda._utils import _check_cuda
-
-    _check_cuda(rc)
+            _check_cuda(rc)
