@@ -150,7 +150,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if not on_triton(ids, weight):
         return ref.embedding(ids, weight)
     if ids.numel():
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = (int(v) for v in torch.aminmax(ids))  # one wait for the host, not one per bound
         if lo < 0 or hi >= weight.shape[0]:
             raise ValueError(f"embedding: argument 'ids' must lie in [0, {weight.shape[0]}), "
                              f"got values in [{lo}, {hi}]")

@@ -662,6 +662,24 @@ def test_embedding_grad_nonfinite():
     assert mismatches(t_emb.embedding_grad(ids.to(CUDA), g.to(CUDA), 6), want) == 0
 
 
+@pytest.mark.skipif(INTERPRET, reason="torch's sync debug mode watches CUDA streams")
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_embedding_grad_queues_without_waiting_for_the_gpu(nonfinite):
+    """The backward runs at the end of the step's backward pass: a host wait there idles the GPU while the host
+    queues what follows (docs/perf.md), so whether there is a non-finite element is read on the device."""
+    ids = (random_bits(seed("emb-sync"), 0, 256) % 50).to(CUDA)
+    g = normal((256, 40), "emb-sync").to(CUDA)
+    if nonfinite:
+        g[3, 7] = float("inf")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host wait on the GPU raises
+    try:
+        got = t_emb.embedding_grad(ids, g, 50)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert mismatches(got, r_emb.embedding_grad(ids.cpu(), g.cpu(), 50)) == 0
+
+
 # --- the int8-sliced high-precision matmul, and the fused cross-entropy + z-loss built on it ---
 
 @pytest.mark.parametrize("sa,sb,slices", [((7, 33), (33, 5), 3), ((70, 130), (130, 90), 3),
