@@ -7,7 +7,7 @@ arbitrary order cannot change a bit), then one conversion back. Non-finite eleme
 OR their kind into a per-entry flag buffer: the IEEE sum of only those addends, as ref._nonfinite_rows.
 Whether there are any is read on the device (the split programs' flags), not by the host: the backward runs
 at the end of the step's backward pass, and a host wait there left the GPU idle while the host then queued the
-gradient reduction, clip and AdamW launches (docs/perf.md). The flag buffer is cleared and written only then.
+gradient reduction, the global norm and the clip (docs/perf.md). The flag buffer is cleared and written only then.
 The forward is torch's index_select: a gather copies bits, exact on every device.
 """
 from __future__ import annotations
