@@ -20,7 +20,7 @@ from kernels.triton.fixedpoint import (finite_abs, flags_of, from_fixed, nonfini
                                        to_fixed)
 from kernels.triton.ieee import div_rn, isfinite
 from kernels.triton.intmm import gemm
-from kernels.triton.launch import BR_OPTIONS, cdiv, constant, on_triton, pow2_at_least
+from kernels.triton.launch import BR_OPTIONS, cdiv, constant, on_triton, pow2_at_least, split_spans
 from kernels.triton.reduce import _double_bits, _finish_kernel
 from kernels.triton.rotated_mm import code8, padded16, rotated_product, supported
 
@@ -209,9 +209,7 @@ def _lsq(dx_hat: torch.Tensor, x2: torch.Tensor, s_x: torch.Tensor, need_x: bool
     """(dx = dx_hat gated by |x / s_x| <= 127, exact float32 sum of dx_hat * lsq_step_factor) as needed."""
     n = x2.numel()
     dev = x2.device
-    s = max(1, min(cdiv(n, 4 * LSQ_BLOCK), TARGET_PROGRAMS))
-    span = cdiv(cdiv(n, s), LSQ_BLOCK) * LSQ_BLOCK
-    s = cdiv(n, span)
+    s, span = split_spans(n, LSQ_BLOCK, TARGET_PROGRAMS)
     dx = torch.empty_like(x2) if need_x else None
     amax = torch.empty(s, dtype=torch.float64, device=dev)
     flags = torch.empty(s, dtype=torch.int32, device=dev)

@@ -51,6 +51,14 @@ def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def split_spans(total: int, block: int, programs: int = 1024) -> tuple[int, int]:
+    """(count, span): `total` elements cut into spans of whole `block`s, at least 4 blocks a span where there
+    are enough, into about `programs` programs (free for the bits: the reductions over them are exact)."""
+    k = max(1, min(cdiv(total, 4 * block), programs))
+    span = cdiv(cdiv(total, k), block) * block
+    return cdiv(total, span), span
+
+
 def pow2_at_least(n: int) -> int:
     """The smallest power of two >= max(n, 1)."""
     return 1 << max(int(n) - 1, 0).bit_length()

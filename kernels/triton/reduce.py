@@ -17,7 +17,7 @@ import triton.language as tl
 from kernels.ref import fixed as ref_fixed, reduce as ref
 from kernels.ref.checks import expect
 from kernels.triton.fixedpoint import from_fixed, nonfinite_sum, or_reduce, scale_shift, span_stats, to_fixed
-from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least, upload
+from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, pow2_at_least, split_spans, upload
 from kernels.triton.tables import owner
 
 BLOCK = 1024
@@ -259,11 +259,10 @@ def _l2_table(flat: list[torch.Tensor], device: torch.device) -> dict | None:
         return None
     rows, starts, programs = [], [], 0
     for x in flat:
-        k = max(1, min(cdiv(x.numel(), 4 * BLOCK), TARGET_PROGRAMS))
-        span = cdiv(cdiv(x.numel(), k), BLOCK) * BLOCK
+        k, span = split_spans(x.numel(), BLOCK, TARGET_PROGRAMS)
         rows += [x.data_ptr(), x.numel(), span]
         starts.append(programs)
-        programs += cdiv(x.numel(), span)
+        programs += k
     # pageable and non-blocking: staged at once, no wait for the GPU's queue; one transfer for both
     host = torch.tensor(rows + starts, dtype=torch.int64).to(device, non_blocking=True)
     return {"table": host, "starts": host[len(rows):], "T": len(flat), "programs": programs,
