@@ -34,12 +34,14 @@ from kernels.cuda import nvrtc
 
 SOURCE = Path(__file__).with_name("rotate_quantize.cu")
 KERNELS = ("rotate_quantize_rows", "rotate_quantize_cols", "rotate_cols_amax", "rotate_cols_codes")
+COLUMN_KERNELS = KERNELS[1:]  # their tiles are dynamic shared memory where a source says so (tiles_bytes)
 BLOCK = 256  # the Hadamard block the kernels rotate
 THREADS = 256
 MAX_ROW_C = 8 * 8 * BLOCK  # the row kernel holds up to 8 blocks a warp, 8 warps, in registers
 COLS = 32  # operand rows (source columns) a column CTA takes
 CTAS_PER_SM = 4
 INT_MAX = 2**31 - 1
+MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 _enabled = os.environ.get("BR_CUDA_KERNELS", "1") != "0"
 _failures: dict[int, str] = {}
@@ -222,6 +224,13 @@ def signatures() -> dict[str, list[str]]:
     return out
 
 
+def tiles_bytes(text: str) -> int:
+    """The column kernels' dynamic shared memory, from the source's `#define TILES_BYTES` (0 in a revision of the
+    source from before the kernels took their tiles so: a benchmark's baseline)."""
+    m = re.search(r"^#define TILES_BYTES (\d+)\b", text, re.M)
+    return int(m.group(1)) if m else 0
+
+
 def build(device: int, source: str | None = None) -> dict:
     """The kernels of `source` (rotate_quantize.cu's text by default) compiled for `device`, loaded, and checked
     against the reference (self_check); raises when NVRTC is missing or refuses, or the check fails. A
@@ -230,12 +239,15 @@ def build(device: int, source: str | None = None) -> dict:
 
     major, minor = torch.cuda.get_device_capability(device)
     lib = nvrtc.library(int(torch.version.cuda.split(".")[0]))
-    cubin = nvrtc.compile_source(lib, SOURCE.read_text() if source is None else source, SOURCE.name,
+    text = SOURCE.read_text() if source is None else source
+    cubin = nvrtc.compile_source(lib, text, SOURCE.name,
                                  [f"--gpu-architecture=sm_{major}{minor}", *nvrtc.BR_OPTIONS], cubin=True)
     with torch.cuda.device(device):
         _ensure_context(device)  # the module loads into the thread's current context: autograd's may have none
         kinds = signatures() if source is None else {name: None for name in KERNELS}
-        fns = {name: Kernel(k.func, kinds[name]) for name, k in _cuda_load_module(cubin, list(KERNELS)).items()}
+        shared = tiles_bytes(text)
+        fns = {name: Kernel(k.func, kinds[name], shared if name in COLUMN_KERNELS else 0)
+               for name, k in _cuda_load_module(cubin, list(KERNELS)).items()}
         problem = self_check(functools.partial(_launch_variant, fns), torch.device("cuda", device))
     if problem:
         raise RuntimeError(f"self-check: {problem}")
@@ -307,13 +319,23 @@ class Kernel:
     and the array of their addresses once, and a launch sets the values: Python ints as C ints (the kernels take
     int strides; `launch` checks they fit), tensors as their addresses. `kinds` ("ptr" or "int" per parameter,
     from the source: signatures) fixes the values' types; None takes them from the first call's arguments (a
-    benchmark's other revision of the source)."""
+    benchmark's other revision of the source). `shared`: bytes of dynamic shared memory a launch gets; past 48 KiB
+    the function must be allowed them first (the driver's opt-in attribute)."""
 
-    def __init__(self, func: ctypes.c_void_p, kinds: list[str] | None):
+    def __init__(self, func: ctypes.c_void_p, kinds: list[str] | None, shared: int = 0):
         if kinds is not None and set(kinds) - {"ptr", "int"}:
             raise ValueError(f"{SOURCE.name}: a kernel parameter of a kind other than a pointer or an int: {kinds}")
-        self.func, self.kinds = func, kinds
+        self.func, self.kinds, self.shared = func, kinds, shared
         self._local = threading.local()
+        self._allowed = shared <= 48 * 1024
+
+    def _allow_shared(self) -> None:
+        """The driver's opt-in for dynamic shared memory past 48 KiB, once, at the first launch (the build's
+        fakes in tests/kernels have no driver; setting it twice from two threads is harmless)."""
+        from torch.cuda._utils import _check_cuda
+
+        _check_cuda(_driver().cuFuncSetAttribute(self.func, MAX_DYNAMIC_SHARED, ctypes.c_int(self.shared)))
+        self._allowed = True
 
     def _values(self, args: list) -> tuple[list, ctypes.Array]:
         """This thread's C values and the array of their addresses (made on its first launch)."""
@@ -330,8 +352,11 @@ class Kernel:
             raise ValueError(f"{SOURCE.name}: {len(args)} arguments for a kernel of {len(values)} parameters")
         for v, a in zip(values, args):
             v.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+        if not self._allowed:
+            self._allow_shared()
         gx, gy, gz = (*grid, *(1,) * (3 - len(grid)))
-        rc = _driver().cuLaunchKernel(self.func, gx, gy, gz, THREADS, 1, 1, 0, ctypes.c_void_p(stream), array, None)
+        rc = _driver().cuLaunchKernel(self.func, gx, gy, gz, THREADS, 1, 1, self.shared, ctypes.c_void_p(stream), array,
+                                      None)
         if rc:  # the error's name and text, as torch's launcher raises them (imported only then: a hot path)
             from torch.cuda._utils import _check_cuda
 

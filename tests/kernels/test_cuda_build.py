@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 from kernels.cuda import nvrtc, rotate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeNVRTC:
@@ -175,7 +178,11 @@ class FakeDriver:
     """cuLaunchKernel as the driver gets it: reads each parameter back through the array of addresses."""
 
     def __init__(self, kinds: list[str]):
-        self.kinds, self.launches = kinds, []
+        self.kinds, self.launches, self.attributes = kinds, [], []
+
+    def cuFuncSetAttribute(self, func, attribute, value):
+        self.attributes.append((func.value, attribute, value.value, len(self.launches)))
+        return 0
 
     def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         read = {"ptr": lambda a: ctypes.c_void_p.from_address(a).value, "int": lambda a: ctypes.c_int.from_address(a).value}
@@ -214,6 +221,27 @@ def test_a_launch_passes_each_argument_as_its_parameter_kind(monkeypatch):
         kernel((1,), args(0)[:-1], 0)
     with pytest.raises(ValueError, match="other than a pointer or an int"):
         rotate.Kernel(ctypes.c_void_p(1), ["ptr", "float"])
+
+
+def test_the_column_kernels_launch_with_their_two_tiles_of_shared_memory(monkeypatch):
+    """A source whose column kernels take two tiles of dynamic shared memory (past 48 KiB; the double-buffered
+    candidate in benchmarks/) says how many bytes in `#define TILES_BYTES`: the function is allowed them (the
+    driver's opt-in attribute) before its first launch, and each launch asks for them. A source without the
+    line (production's, an older revision) gets none."""
+    text = (ROOT / "benchmarks" / "rotate_quantize_tiles_async.cu").read_text()  # the candidate (docs/perf.md)
+    assert rotate.tiles_bytes(text) == 2 * rotate.BLOCK * (rotate.COLS + 1) * 4 > 48 * 1024
+    assert rotate.tiles_bytes(rotate.SOURCE.read_text()) == 0  # production's tiles are static
+    kinds = rotate.signatures()["rotate_cols_codes"]
+    driver = FakeDriver(kinds)
+    monkeypatch.setattr(rotate, "_driver", lambda: driver)
+    kernel = rotate.Kernel(ctypes.c_void_p(9), kinds, rotate.tiles_bytes(text))
+    t = torch.zeros(4)
+    for _ in range(2):
+        kernel((2, 3), [t if k == "ptr" else 1 for k in kinds], 0)
+    assert driver.attributes == [(9, rotate.MAX_DYNAMIC_SHARED, rotate.tiles_bytes(text), 0)]  # once, first
+    assert [la["shared"] for la in driver.launches] == [rotate.tiles_bytes(text)] * 2
+    rotate.Kernel(ctypes.c_void_p(10), kinds, 1024)((1,), [t if k == "ptr" else 1 for k in kinds], 0)
+    assert len(driver.attributes) == 1 and driver.launches[-1]["shared"] == 1024  # no opt-in under 48 KiB
 
 
 def test_a_kernel_without_kinds_takes_them_from_its_first_arguments(monkeypatch):
