@@ -4,7 +4,8 @@
 // Timed against production, bits compared, by
 //     python3 benchmarks/cuda_rotate.py --kinds cols --baseline benchmarks/rotate_quantize_tiles_async.cu
 // (its build runs kernels/cuda/rotate.self_check first); if it wins and tests/gpu/test_cuda_rotate.py passes
-// with it copied over kernels/cuda/rotate_quantize.cu, it replaces that file. docs/perf.md, last section.
+// with it copied over kernels/cuda/rotate_quantize.cu, it replaces that file; if not, this copy is deleted
+// (it duplicates production's source for the one run that compares them). docs/perf.md, last section.
 //
 // What differs from production: a column CTA's tile load was 32 plain loads a thread, then the rotation, with
 // nothing in flight while the tile was rotated and its columns read (one or two CTAs an SM at ~100 registers).
