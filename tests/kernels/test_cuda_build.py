@@ -228,7 +228,8 @@ def test_the_column_kernels_launch_with_their_two_tiles_of_shared_memory(monkeyp
     candidate in benchmarks/) says how many bytes in `#define TILES_BYTES`: the function is allowed them (the
     driver's opt-in attribute) before its first launch, and each launch asks for them. A source without the
     line (production's, an older revision) gets none."""
-    text = (ROOT / "benchmarks" / "rotate_quantize_tiles_async.cu").read_text()  # the candidate (docs/perf.md)
+    patch = (ROOT / "benchmarks" / "rotate_quantize_tiles_async.patch").read_text()  # the candidate (docs/perf.md)
+    text = "\n".join(line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++"))
     assert rotate.tiles_bytes(text) == 2 * rotate.BLOCK * (rotate.COLS + 1) * 4 > 48 * 1024
     assert rotate.tiles_bytes(rotate.SOURCE.read_text()) == 0  # production's tiles are static
     kinds = rotate.signatures()["rotate_cols_codes"]
