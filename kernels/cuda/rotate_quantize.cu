@@ -157,6 +157,10 @@ rotate_quantize_rows(const float* __restrict__ src, signed char* __restrict__ co
 
 #define COLS 32
 #define SPAN (BLOCK / WARPS)  // C indices of a block a thread loads: 32, one warp's share of the tile's rows
+// the column kernels' dynamic shared memory, two [BLOCK][COLS + 1] float tiles; kernels/cuda/rotate.py reads the
+// number from this line and passes it at launch
+#define TILES_BYTES 67584
+static_assert(TILES_BYTES == 2 * BLOCK * (COLS + 1) * sizeof(float), "TILES_BYTES: two tiles");
 
 // the butterfly stages h = 1, 2, .., n / 2 over n registers (index bits inside the thread), in the reference's
 // order: register k (bit h clear) takes a + b, register k + h takes a - b
@@ -175,15 +179,37 @@ __device__ __forceinline__ void stages_in_registers(float (&e)[N]) {
   }
 }
 
-// the block at C index c0 of column lane, C indices 32 warp .. 32 warp + 31 (all loads issued before any use),
-// made finite (the thread's flag or'ed into the return), rotated by the stages h = 1 .. 16, into the tile
-__device__ __forceinline__ int load_tile(float (*tile)[COLS + 1], const float* __restrict__ src, int s_col,
-                                         long long c0, int j0, bool live_col, int has_pre,
-                                         const float* __restrict__ pre, int pre_stride, int warp, int lane) {
+// cp.async of one float (4 bytes, through L1), or of none (zeros written) for a column past the operand's rows
+__device__ __forceinline__ void copy4(float* dst, const float* src, bool live) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(live ? 4 : 0) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wait_copies() {  // all but this thread's N newest groups of copies have landed
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// the copies of the block at C index c0 into the tile, as one group: this thread copies column lane at C indices
+// 32 warp .. 32 warp + 31, the elements it rotates in finish_tile (so only its own copies must have landed there)
+__device__ __forceinline__ void issue_tile(float (*tile)[COLS + 1], const float* __restrict__ src, int s_col,
+                                           long long c0, int j0, bool live_col, int warp, int lane) {
+  const long long r0 = c0 + SPAN * warp;
+  const float* p = src + (live_col ? r0 * s_col + j0 + lane : 0);
+  const long long stride = live_col ? s_col : 0;
+#pragma unroll
+  for (int i = 0; i < SPAN; ++i) copy4(&tile[SPAN * warp + i][lane], p + i * stride, live_col);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// this thread's 32 elements of the landed tile (C indices 32 warp .. 32 warp + 31 of column lane, the block at
+// c0) made finite (the thread's flag or'ed into the return) and rotated by the stages h = 1 .. 16, in place
+__device__ __forceinline__ int finish_tile(float (*tile)[COLS + 1], long long c0, int has_pre,
+                                           const float* __restrict__ pre, int pre_stride, int warp, int lane) {
   const long long r0 = c0 + SPAN * warp;
   float x[SPAN];
 #pragma unroll
-  for (int i = 0; i < SPAN; ++i) x[i] = live_col ? src[(r0 + i) * s_col + j0 + lane] : 0.0f;
+  for (int i = 0; i < SPAN; ++i) x[i] = tile[SPAN * warp + i][lane];
   if (has_pre) {
     float sc[SPAN];
 #pragma unroll
@@ -239,46 +265,44 @@ __device__ __forceinline__ void zero_padding(signed char* codes, int j0, int row
       for (int i = c + threadIdx.x; i < kp; i += WARPS * 32) codes[(long long)(j0 + j) * kp + i] = 0;
 }
 
-// blocks first, first + stride, ... of the CTA's 32 columns (all of them, or a split's share): this warp's four
-// columns' largest |rotated| and NaN into amax and nan; the or of the flags of the column this thread loads
-__device__ __forceinline__ int blocks_amax(float (*tile)[COLS + 1], const float* __restrict__ src, int s_col, int c,
+// one pass over blocks first, first + stride, ... of the CTA's 32 columns (all of them, or a split's share), with
+// two tiles in shared memory: the next block's copies are in flight while this one is rotated. CODES: this warp's
+// four columns' codes cut with their steps; else their largest |rotated| and NaN into amax and nan. Returns the
+// or of the flags of the column this thread loads.
+template <bool CODES>
+__device__ __forceinline__ int blocks_pass(float (*tiles)[COLS + 1], const float* __restrict__ src,
+                                           signed char* __restrict__ codes, int s_col, int rows, int c, int kp,
                                            int first, int stride, int j0, bool live_col, int has_pre,
-                                           const float* __restrict__ pre, int pre_stride, float amax[4], int nan[4],
-                                           int warp, int lane) {
-  int bad = 0;
-  for (int b = first; b < c / BLOCK; b += stride) {
-    bad |= load_tile(tile, src, s_col, (long long)b * BLOCK, j0, live_col, has_pre, pre, pre_stride, warp, lane);
-    __syncthreads();
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      float e[8];
-      tile_column(tile, 4 * warp + q, lane, e);
-      take_max(e, amax[q], nan[q]);
+                                           const float* __restrict__ pre, int pre_stride, const float step[4],
+                                           float amax[4], int nan[4], int warp, int lane) {
+  const int nblocks = c / BLOCK;
+  int bad = 0, buf = 0;
+  if (first < nblocks) issue_tile(tiles, src, s_col, (long long)first * BLOCK, j0, live_col, warp, lane);
+  for (int b = first; b < nblocks; b += stride, buf ^= 1) {
+    float (*tile)[COLS + 1] = tiles + buf * BLOCK;
+    if (b + stride < nblocks) {
+      issue_tile(tiles + (buf ^ 1) * BLOCK, src, s_col, (long long)(b + stride) * BLOCK, j0, live_col, warp, lane);
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
     }
-    __syncthreads();  // the tile is read by all before the next block overwrites it
-  }
-  return bad;
-}
-
-// the same blocks rotated again, this warp's four columns' codes cut with their steps
-__device__ __forceinline__ void blocks_codes(float (*tile)[COLS + 1], const float* __restrict__ src,
-                                             signed char* __restrict__ codes, int s_col, int rows, int c, int kp,
-                                             int first, int stride, int j0, bool live_col, int has_pre,
-                                             const float* __restrict__ pre, int pre_stride, const float step[4],
-                                             int warp, int lane) {
-  for (int b = first; b < c / BLOCK; b += stride) {
-    const long long c0 = (long long)b * BLOCK;
-    load_tile(tile, src, s_col, c0, j0, live_col, has_pre, pre, pre_stride, warp, lane);
+    bad |= finish_tile(tile, (long long)b * BLOCK, has_pre, pre, pre_stride, warp, lane);
     __syncthreads();
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int jj = 4 * warp + q;
       float e[8];
       tile_column(tile, jj, lane, e);
-      if (j0 + jj < rows) store_column_codes(codes + (long long)(j0 + jj) * kp + c0, e, step[q], lane);
+      if (CODES) {
+        if (j0 + jj < rows)
+          store_column_codes(codes + (long long)(j0 + jj) * kp + (long long)b * BLOCK, e, step[q], lane);
+      } else {
+        take_max(e, amax[q], nan[q]);
+      }
     }
-    __syncthreads();
+    __syncthreads();  // every warp has read the tile before the copies of the block after next overwrite it
   }
+  return bad;
 }
 
 // has_pre: the operand is the dequantized code of src / pre, rebuilt as the Triton kernel's PRE does
@@ -288,19 +312,22 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 rotate_quantize_cols(const float* __restrict__ src, signed char* __restrict__ codes, float* __restrict__ step_out,
                      int* __restrict__ bad_out, int s_col, int rows, int c, int kp, int has_pre,
                      const float* __restrict__ pre, int pre_stride) {
-  __shared__ float tile[BLOCK][COLS + 1];
+  extern __shared__ float dyn[];  // two tiles: TILES_BYTES, set by the launcher
+  float (*tiles)[COLS + 1] = reinterpret_cast<float (*)[COLS + 1]>(dyn);
   __shared__ int s_bad[WARPS][COLS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int j0 = blockIdx.x * COLS;
   const bool live_col = j0 + lane < rows;  // the tile column this thread loads (threadIdx.x % 32 == lane)
-  float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f}, step[4];
+  float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f}, step[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   int nan[4] = {0, 0, 0, 0};
   // the step: every block rotated once
-  const int bad = blocks_amax(tile, src, s_col, c, 0, 1, j0, live_col, has_pre, pre, pre_stride, amax, nan, warp, lane);
+  const int bad = blocks_pass<false>(tiles, src, codes, s_col, rows, c, kp, 0, 1, j0, live_col, has_pre, pre,
+                                     pre_stride, step, amax, nan, warp, lane);
 #pragma unroll
   for (int q = 0; q < 4; ++q) step[q] = symmetric_step(warp_max(amax[q]), warp_or(nan[q]));
   // the codes: every block rotated again
-  blocks_codes(tile, src, codes, s_col, rows, c, kp, 0, 1, j0, live_col, has_pre, pre, pre_stride, step, warp, lane);
+  blocks_pass<true>(tiles, src, codes, s_col, rows, c, kp, 0, 1, j0, live_col, has_pre, pre, pre_stride, step, amax,
+                    nan, warp, lane);
   const int any = column_flags(s_bad, bad, warp, lane);
   if (warp == 0 && live_col) bad_out[j0 + lane] = any;
 #pragma unroll
@@ -321,15 +348,17 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 rotate_cols_amax(const float* __restrict__ src, int s_col, int rows, int c, int has_pre, const float* __restrict__ pre,
                  int pre_stride, unsigned* __restrict__ amax_bits, int* __restrict__ nan_out,
                  int* __restrict__ bad_out) {
-  __shared__ float tile[BLOCK][COLS + 1];
+  extern __shared__ float dyn[];  // two tiles: TILES_BYTES, set by the launcher
+  float (*tiles)[COLS + 1] = reinterpret_cast<float (*)[COLS + 1]>(dyn);
   __shared__ int s_bad[WARPS][COLS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int j0 = blockIdx.x * COLS;
   const bool live_col = j0 + lane < rows;
   float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const float step[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // unused by this pass
   int nan[4] = {0, 0, 0, 0};
-  const int bad = blocks_amax(tile, src, s_col, c, blockIdx.y, gridDim.y, j0, live_col, has_pre, pre, pre_stride,
-                              amax, nan, warp, lane);
+  const int bad = blocks_pass<false>(tiles, src, nullptr, s_col, rows, c, 0, blockIdx.y, gridDim.y, j0, live_col,
+                                     has_pre, pre, pre_stride, step, amax, nan, warp, lane);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const float m = warp_max(amax[q]);
@@ -349,18 +378,20 @@ rotate_cols_codes(const float* __restrict__ src, signed char* __restrict__ codes
                   int kp, int has_pre, const float* __restrict__ pre, int pre_stride, const unsigned* __restrict__ amax_bits,
                   const int* __restrict__ nan_in, const int* __restrict__ bad_in, float* __restrict__ step_out,
                   int* __restrict__ bad_out) {
-  __shared__ float tile[BLOCK][COLS + 1];
+  extern __shared__ float dyn[];
+  float (*tiles)[COLS + 1] = reinterpret_cast<float (*)[COLS + 1]>(dyn);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int j0 = blockIdx.x * COLS;
   const bool live_col = j0 + lane < rows;
-  float step[4];
+  float step[4], amax[4];  // amax, nan: unused by this pass
+  int nan[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int j = j0 + 4 * warp + q;
     step[q] = j < rows ? symmetric_step(__uint_as_float(amax_bits[j]), nan_in[j]) : 1.0f;
     if (blockIdx.y == 0 && lane == 0 && j < rows) { step_out[j] = step[q]; bad_out[j] = bad_in[j]; }
   }
-  blocks_codes(tile, src, codes, s_col, rows, c, kp, blockIdx.y, gridDim.y, j0, live_col, has_pre, pre, pre_stride,
-               step, warp, lane);
+  blocks_pass<true>(tiles, src, codes, s_col, rows, c, kp, blockIdx.y, gridDim.y, j0, live_col, has_pre, pre,
+                    pre_stride, step, amax, nan, warp, lane);
   if (blockIdx.y == 0) zero_padding(codes, j0, rows, c, kp);
 }

@@ -224,14 +224,13 @@ def test_a_launch_passes_each_argument_as_its_parameter_kind(monkeypatch):
 
 
 def test_the_column_kernels_launch_with_their_two_tiles_of_shared_memory(monkeypatch):
-    """A source whose column kernels take two tiles of dynamic shared memory (past 48 KiB; the double-buffered
-    candidate in benchmarks/) says how many bytes in `#define TILES_BYTES`: the function is allowed them (the
-    driver's opt-in attribute) before its first launch, and each launch asks for them. A source without the
-    line (production's, an older revision) gets none."""
-    patch = (ROOT / "benchmarks" / "rotate_quantize_tiles_async.patch").read_text()  # the candidate (docs/perf.md)
-    text = "\n".join(line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++"))
+    """rotate_quantize.cu's column kernels take two tiles of dynamic shared memory (past 48 KiB: the next block's
+    copies in flight while this one is rotated) and say how many bytes in `#define TILES_BYTES`: the function is
+    allowed them (the driver's opt-in attribute) before its first launch, and each launch asks for them. A source
+    without the line (a revision from before, a benchmark's baseline) gets none."""
+    text = rotate.SOURCE.read_text()
     assert rotate.tiles_bytes(text) == 2 * rotate.BLOCK * (rotate.COLS + 1) * 4 > 48 * 1024
-    assert rotate.tiles_bytes(rotate.SOURCE.read_text()) == 0  # production's tiles are static
+    assert rotate.tiles_bytes(text.replace("#define TILES_BYTES", "#define OTHER_BYTES")) == 0
     kinds = rotate.signatures()["rotate_cols_codes"]
     driver = FakeDriver(kinds)
     monkeypatch.setattr(rotate, "_driver", lambda: driver)
