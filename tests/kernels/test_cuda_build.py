@@ -6,14 +6,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
 from kernels.cuda import nvrtc, rotate
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeNVRTC:
