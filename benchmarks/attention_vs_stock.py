@@ -49,20 +49,6 @@ def window_mask(t: int, window: int, device) -> torch.Tensor:
     return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
 
 
-def _fwd_bwd(fn, *inputs):
-    """Forward + backward with a fixed upstream gradient."""
-    grad = {}
-
-    def run():
-        for x in inputs:
-            x.grad = None
-        y = fn()
-        if "g" not in grad:
-            grad["g"] = torch.ones_like(y)
-        y.backward(grad["g"])
-    return run
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=4)
@@ -74,6 +60,7 @@ def main(argv=None) -> int:
     from rich.table import Table
     from triton.testing import do_bench
 
+    from benchmarks.triton_kernels import _fb as fwd_bwd  # forward + backward with a fixed upstream gradient
     from kernels.triton import attention as t_att
 
     dev = torch.device("cuda")
@@ -98,8 +85,8 @@ def main(argv=None) -> int:
     rows = []
     for name, window in ((f"local (window {args.window})", args.window), ("global (causal)", None)):
         mask = None if window is None else window_mask(t, window, dev)
-        ours = _fwd_bwd(lambda: t_att.attention(q, k, v, causal=True, window=window), q, k, v)
-        stock = _fwd_bwd(lambda: F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None,
+        ours = fwd_bwd(lambda: t_att.attention(q, k, v, causal=True, window=window), q, k, v)
+        stock = fwd_bwd(lambda: F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None,
                                                                 enable_gqa=True), qb, kb, vb)
         ours_ms = do_bench(ours, return_mode="median")
         stock_ms = do_bench(stock, return_mode="median")
