@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kernels.ref import philox  # noqa: E402
+from kernels.ref.attention import allowed_keys  # noqa: E402
 
 INT8_PEAK = 1979e12  # dense int8 tensor-core ops/s, H100 and H200 SXM (datasheets)
 HP_PRODUCTS, HP_CONTRACTIONS = 6, 5  # a 3-slice contraction's int8 products; logits, dv, dp, dq, dk
@@ -44,11 +45,6 @@ def floor_ms(b: int, hq: int, hkv: int, t: int, hd: int, window: int | None, ban
     return max(ops / INT8_PEAK, nbytes / bandwidth) * 1e3
 
 
-def window_mask(t: int, window: int, device) -> torch.Tensor:
-    i = torch.arange(t, device=device)
-    return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=4)
@@ -61,14 +57,12 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     from benchmarks.triton_kernels import _fb as fwd_bwd  # forward + backward with a fixed upstream gradient
+    from benchmarks.triton_ops import copy_bandwidth
     from kernels.triton import attention as t_att
 
     dev = torch.device("cuda")
     b, t, hq, hkv, hd = args.batch, args.seq_len, 16, 4, 128
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    bandwidth = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
-    del src, dst
+    bandwidth = copy_bandwidth()
 
     def inputs(dtype):
         q = philox.normal(1, 0, (b, hq, t, hd), device=dev).to(dtype).requires_grad_()
@@ -84,7 +78,7 @@ def main(argv=None) -> int:
         table.add_column(col, justify="left" if col == "layer" else "right")
     rows = []
     for name, window in ((f"local (window {args.window})", args.window), ("global (causal)", None)):
-        mask = None if window is None else window_mask(t, window, dev)
+        mask = None if window is None else allowed_keys(t, True, window, dev)  # the window, as the model's
         ours = fwd_bwd(lambda: t_att.attention(q, k, v, causal=True, window=window), q, k, v)
         stock = fwd_bwd(lambda: F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None,
                                                                 enable_gqa=True), qb, kb, vb)
