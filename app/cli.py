@@ -19,18 +19,18 @@ def _train(args: argparse.Namespace) -> int:
             print("error: --workers: the topology is the real one ((world / --dp-shard) x --dp-shard) and workers "
                   "run on CPU (gloo); drop --topology/--device", file=sys.stderr)
             return 2
-        from app.ray_train import main as ray_train
+        from training.ray_train import main as ray_train
         return ray_train(args.config, args.steps, args.out, args.workers, args.resume, args.checkpoint_every,
                          args.eval_every, args.micro_batch, args.corpus, args.threads, args.address,
                          args.max_failures, args.dp_shard)
-    from app.train import main as train
+    from training.train import main as train
     return train(args.config, args.steps, args.out, args.resume, args.checkpoint_every, args.eval_every,
                  args.topology, args.micro_batch, args.corpus, args.device, not args.no_progress, args.threads,
                  args.backend)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from app.report import main as report
+    from training.report import main as report
     return report(args.run, args.steady_after)
 
 
@@ -154,7 +154,7 @@ def _add_quant(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_audit(sub: argparse._SubParsersAction) -> None:
-    from replay.cli import add_audit  # the audit group lives with replay/ (which app never imports otherwise)
+    from app.audit_cli import add_audit
     add_audit(sub)
 
 
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from app.errors import AppError
+    from training.errors import AppError
     try:
         return int(args.func(args) or 0)
     except AppError as e:  # the project's errors name the file, tensor or field: the message is the report

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.config import RunConfig
-from app.presets import TINY
+from training.config import RunConfig
+from training.presets import TINY
 
 GROW_AT = 100  # the second slot joins once the checkpoint of this step is written
 
@@ -56,10 +56,10 @@ def train_elastic(cluster, cfg: RunConfig, out: Path, steps: int, grow_at: int |
     (so the grown group resumes there, unless the resize takes longer than `checkpoint_every` steps)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from app.checkpoint import list_checkpoints
+    from training.checkpoint import list_checkpoints
     from app.local_cluster import WORKER_RESOURCES
-    from app.ray_train import train_ray
-    from app.train import TrainOptions
+    from training.ray_train import train_ray
+    from training.train import TrainOptions
 
     opts = TrainOptions(steps, checkpoint_every, eval_every, progress=False)
     result: dict = {}
@@ -118,7 +118,7 @@ def story(cfg: RunConfig, out: str | Path, steps: int = 200, grow_at: int | None
 
 def _losses(run: Path) -> str:
     """'loss 8.329 -> 6.724' over the whole hash log (a resumed group's summary sees only its own steps)."""
-    from app.hashlog import read_jsonl
+    from training.hashlog import read_jsonl
 
     recs = [r for r in read_jsonl(run / "hashlog.jsonl") if r["step"] >= 0]
     return f"loss {recs[0]['loss']:.3f} -> {recs[-1]['loss']:.3f}"
@@ -126,8 +126,8 @@ def _losses(run: Path) -> str:
 
 def _worker_groups(run: Path) -> str:
     """'workers: 1 from step 0, 2 from step 100' from the run's metrics."""
-    from app.hashlog import read_jsonl
-    from app.train import METRICS
+    from training.hashlog import read_jsonl
+    from training.train import METRICS
 
     groups = [r for r in read_jsonl(run / METRICS) if r.get("event") == "workers"]
     return "workers: " + ", ".join(f"{g['world']} from step {g['from_step']}" for g in groups)
@@ -138,7 +138,7 @@ def main(steps: int = 200, out: str | None = None, workers: str | None = None, l
     from kernels.selfcheck import main as selfcheck
     from stream import data_cli
 
-    from app import report, train
+    from training import report, train
     from replay.coverage import exit_code
 
     if selfcheck([]):
@@ -153,7 +153,7 @@ def main(steps: int = 200, out: str | None = None, workers: str | None = None, l
     if workers:  # a fixed worker count on a plain local Ray instance (docs/cluster.md)
         import ray
 
-        from app import ray_train
+        from training import ray_train
         try:
             ray_train.main("tiny", steps, run, workers, checkpoint_every=100, eval_every=25, micro_batch=1, threads=1)
         finally:

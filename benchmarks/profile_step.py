@@ -1,4 +1,4 @@
-"""Where a training step's GPU time goes: `app.step.run_step` (+ the state hash) under torch.profiler.
+"""Where a training step's GPU time goes: `training.step.run_step` (+ the state hash) under torch.profiler.
 
     python3 benchmarks/profile_step.py [--backend triton] [--layers 4] [--seq-len 2048] [--batch 4] [--steps 1]
 
@@ -61,11 +61,11 @@ class Traced:
 
 
 def _phases() -> None:
-    """Profiler ranges around run_step's phases (names looked up in app.step at call time)."""
-    import app.step as s
+    """Profiler ranges around run_step's phases (names looked up in training.step at call time)."""
+    import training.step as s
     for name in ("reduce_gradients", "clip", "adamw_update", "named_digest", "tensor_digest"):
         setattr(s, name, _ranged(getattr(s, name), f"phase:{name}"))
-    from app.digests import DigestMemo  # the state hash's two halves: queueing its digests, and reading them
+    from kernels.digest import DigestMemo  # the state hash's two halves: queueing its digests, and reading them
     for name in ("queue", "digests"):
         setattr(DigestMemo, name, _ranged(getattr(DigestMemo, name), f"phase:DigestMemo.{name}"))
 
@@ -193,11 +193,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from dataclasses import replace
 
-    from app.config import Topology
-    from app.init import init_params
-    from app.presets import OPEN_1B
-    from app.state_hash import canonical_json, code_version, state_entries, state_hash
-    from app.step import StepContext, TrainState, run_step
+    from training.config import Topology
+    from training.init import init_params
+    from training.presets import OPEN_1B
+    from training.state_hash import canonical_json, code_version, state_entries, state_hash
+    from training.step import StepContext, TrainState, run_step
 
     c = proxy(args.layers, args.seq_len)
     cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": args.batch, "train.batch_phases": ((1 << 50, args.batch),),

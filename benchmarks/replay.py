@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/replay.py [--config tiny] [--windows 8] [--worlds 1 2 4 8] [--modes exact ordered]
                                           [--reps 3] [--threads 1] [--device cpu]
 
-Per (reduction mode, W): `replay` is app.step.run_step of step 0 on the virtual mesh Wx1 (every rank's
+Per (reduction mode, W): `replay` is training.step.run_step of step 0 on the virtual mesh Wx1 (every rank's
 microbatches in mesh order, replicas folded by TreeFold in ordered mode) with `--windows` windows of one
 window per microbatch; `rank` is one rank's share of that step run as its own step (windows/W windows, same
 microbatch size: its forward/backward, local accumulation, clip, AdamW, stage digests); `1x1` is the whole
@@ -35,9 +35,9 @@ def _rss_mb() -> float:
 def _step_seconds(cfg, topo: str, windows: int, device: str, reps: int) -> float:
     import torch
 
-    from app.config import Topology
-    from app.init import init_params
-    from app.step import StepContext, TrainState, run_step
+    from training.config import Topology
+    from training.init import init_params
+    from training.step import StepContext, TrainState, run_step
 
     cfg = cfg.replace(**{"train.batch_phases": ((1 << 50, windows),)})
     ctx = StepContext.build(cfg, device)
@@ -62,7 +62,7 @@ def measure(config: str, mode: str, world: int, windows: int, device: str, reps:
     """One (mode, W) row, in this process (run it in a fresh one for the memory figure)."""
     import torch
 
-    from app.presets import preset
+    from training.presets import preset
 
     torch.set_num_threads(threads)
     cfg = preset(config).replace(**{"train.micro_batch": 1, "train.reduction": mode, "train.heldout_windows": 0})

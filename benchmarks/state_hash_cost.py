@@ -13,7 +13,7 @@ that params, m, v and the clipped gradients hold a step's values), each timed wi
   work, which the idle GPU waits for, then every chunk and tree launch; with its launch tables planned anew,
   or kept from the call before (statehash._launch_tables);
 - `digests, wall`: `queue_digests` and the digests' transfer to the host, wall clock (plan kept);
-- `state hash, wall`: `app.state_hash.state_hash(state_entries(...))`, what the trainer calls after its step.
+- `state hash, wall`: `training.state_hash.state_hash(state_entries(...))`, what the trainer calls after its step.
 
 Reps alternate the chunk kernel's loads (LOADS: statehash.VECTOR_LOADS and PREFETCH), one after the other on
 the same state, and check their digests equal. `--clocks`: nvidia-smi's SM clock and power over each state
@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.config import Topology  # noqa: E402
+from training.config import Topology  # noqa: E402
 from benchmarks.gpu_clocks import ClockLog, no_spans  # noqa: E402
 from benchmarks.train_throughput import proxy, setup_ours, token_batches  # noqa: E402
 
@@ -63,7 +63,7 @@ LOADS = {"tile loads": (False, False), "16-byte loads": (True, False), "16-byte 
 
 
 def measure(tensors, entries_fn, loads: str, span=no_spans) -> tuple[dict, bytes]:
-    from app.state_hash import state_hash
+    from training.state_hash import state_hash
     from kernels.triton import statehash
 
     statehash.VECTOR_LOADS, statehash.PREFETCH = LOADS[loads]
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("state_hash_cost: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from app.state_hash import state_entries
-    from app.step import run_step
+    from training.state_hash import state_entries
+    from training.step import run_step
 
     c = proxy(args.layers, args.seq_len)
     ctx, st, code, cj = setup_ours(c, args.batch, 1, "triton", stage=False)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.config import ModelConfig
+from training.config import ModelConfig
 
 
 def _rope(t: int, hd: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/train_step.py [--configs tiny small] [--steps 3] [--corpus data/demo] [--threads N]
 
 Per config: one step = one microbatch of the preset's micro_batch windows (the same tokens for both arms).
-The reference arm is app.step.run_step (forward, backward, exact reduction, clip, spike check, AdamW,
+The reference arm is training.step.run_step (forward, backward, exact reduction, clip, spike check, AdamW,
 stage digests) and then the state hash; the stock arm is the same shapes in plain float32 PyTorch
 (benchmarks/stock_model.py: nn.Linear, SDPA, torch AdamW, clip_grad_norm_). Prints a table and writes
 benchmarks/results/train_step.json.
@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import stream  # noqa: E402
-from app.config import Topology  # noqa: E402
-from app.init import init_params  # noqa: E402
-from app.params import count_params  # noqa: E402
-from app.presets import preset  # noqa: E402
-from app.state_hash import canonical_json, code_version, state_entries, state_hash  # noqa: E402
-from app.step import StepContext, TrainState, run_step  # noqa: E402
+from training.config import Topology  # noqa: E402
+from training.init import init_params  # noqa: E402
+from training.params import count_params  # noqa: E402
+from training.presets import preset  # noqa: E402
+from training.state_hash import canonical_json, code_version, state_entries, state_hash  # noqa: E402
+from training.step import StepContext, TrainState, run_step  # noqa: E402
 from benchmarks.stock_model import StockModel  # noqa: E402
 
 

@@ -9,7 +9,7 @@ Every arm trains on the same token ids (random, seeded: speed does not depend on
 
 - `stock`: benchmarks/stock_model.py in float32 masters under bf16 autocast, `torch.compile`, SDPA with
   the sliding-window mask, fused AdamW, clip_grad_norm_: what a lab would run without our contract;
-- `ref`, `triton`: app.step.run_step (int8 QAT linears, BR attention and loss, exact reduction, clip,
+- `ref`, `triton`: training.step.run_step (int8 QAT linears, BR attention and loss, exact reduction, clip,
   AdamW on bf16 masters, stage digests) through kernels.ref or the Triton twins, plus the state hash
   (on the GPU, kernels/triton/statehash.py), i.e. everything the trainer does per step but the log write;
 - `triton-nohash`: the Triton arm with stage digests off and no state hash. Hashing's share of the step is
@@ -18,11 +18,11 @@ Every arm trains on the same token ids (random, seeded: speed does not depend on
 - `triton-statehash`: stage digests off, the state hash on (params, m, v, grads, RNG and data cursor): the
   state hash's own share, 1 - (triton-nohash step / triton-statehash step). It hashes four model-sized tensor
   sets; the stage digests add the partial gradients (one set per microbatch) and clipped ones if clipping
-  scaled them, the rest they share with the state hash (app/digests.DigestMemo).
+  scaled them, the rest they share with the state hash (kernels/digest.DigestMemo).
 
 Our hashing arms also time their hashing inside each step, in the same steps as the step time: the state
 hash as the GPU time between CUDA events recorded around it (it runs after the step's kernels on their
-stream, so nothing else runs between), the stage digests as the trainer counts them (app/step._HashClock,
+stream, so nothing else runs between), the stage digests as the trainer counts them (training/step._HashClock,
 events around each queued batch): `state_share_events`, `hash_share_events` (median over the timed steps of
 hash / step). They count the hashing's GPU time (and any launch gaps inside it), not what it adds to the
 step: hash kernels queued ahead of a host-bound stretch of the step run in GPU time that would otherwise idle.
@@ -35,7 +35,7 @@ step: hash kernels queued ahead of a host-bound stretch of the step run in GPU t
   synchronization between them: rounds of `--run-len` consecutive steps per mode, timed from an idle GPU to
   an idle GPU (the modes' order turns with each round): no hashing; the state hash read at once after each step
   (`state_hash`, as `triton-statehash`); the state hash queued at the step's end and read after the next step
-  is queued (app/deferred_hash.py, the trainer's order), so the host's share of it runs beside the GPU's next
+  is queued (training/deferred_hash.py, the trainer's order), so the host's share of it runs beside the GPU's next
   step. `state_share_sync` and `state_share_deferred` are the medians over the rounds of 1 - t(no hashing) /
   t(mode). Stage digests off in all three.
 
@@ -72,8 +72,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.config import ModelConfig, Topology  # noqa: E402
-from app.presets import OPEN_1B  # noqa: E402
+from training.config import ModelConfig, Topology  # noqa: E402
+from training.presets import OPEN_1B  # noqa: E402
 from kernels.cuda import rotate as cuda_rotate  # noqa: E402
 
 PEAK_BF16 = 989.4e12  # H200 SXM dense bf16 tensor-core peak, FLOP/s
@@ -144,9 +144,9 @@ def bench_stock(c: ModelConfig, batches, warmup: int, accum: int) -> dict:
 
 def setup_ours(c: ModelConfig, batch: int, accum: int, backend: str, stage: bool):
     """(step context, fresh state, code version, config JSON) of our step on the proxy, on the GPU."""
-    from app.init import init_params
-    from app.state_hash import canonical_json, code_version
-    from app.step import StepContext, TrainState
+    from training.init import init_params
+    from training.state_hash import canonical_json, code_version
+    from training.step import StepContext, TrainState
 
     cfg = OPEN_1B.replace(**{"model": c, "train.micro_batch": batch, "train.batch_phases": ((1 << 50, batch * accum),),
                              "train.heldout_windows": 0, "train.stage_digests": stage})
@@ -158,8 +158,8 @@ def setup_ours(c: ModelConfig, batch: int, accum: int, backend: str, stage: bool
 def bench_ours(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str, stage: bool = True,
                hashing: bool = True) -> dict:
     """One of our arms: stage digests on or off, the state hash on or off."""
-    from app.state_hash import state_entries, state_hash
-    from app.step import run_step
+    from training.state_hash import state_entries, state_hash
+    from training.step import run_step
 
     ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage)
     spans: list = []  # per step: (stage digests' seconds, events around the state hash)
@@ -191,8 +191,8 @@ def bench_paired(c: ModelConfig, batch: int, accum: int, batches, warmup: int, b
                  clocks: bool = False) -> dict:
     """`triton-paired` (module doc): rounds of no hashing, the state hash only, everything, on one state.
     `clocks`: the SM clock and power over each mode's steps and over the state hash inside them (gpu_clocks)."""
-    from app.state_hash import state_entries, state_hash
-    from app.step import run_step
+    from training.state_hash import state_entries, state_hash
+    from training.step import run_step
     from benchmarks.gpu_clocks import ClockLog, no_spans
 
     ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage=True)
@@ -232,9 +232,9 @@ def bench_paired(c: ModelConfig, batch: int, accum: int, batches, warmup: int, b
 def bench_pipelined(c: ModelConfig, batch: int, accum: int, batches, warmup: int, backend: str,
                     run_len: int) -> dict:
     """`triton-pipelined` (module doc): rounds of `run_len` steps per mode, no synchronization between steps."""
-    from app.deferred_hash import StateHashReader, queue_state_hash
-    from app.state_hash import state_entries, state_hash
-    from app.step import run_step
+    from training.deferred_hash import StateHashReader, queue_state_hash
+    from training.state_hash import state_entries, state_hash
+    from training.step import run_step
 
     ctx, st, code, cj = setup_ours(c, batch, accum, backend, stage=False)
     reader = StateHashReader()

@@ -4,7 +4,7 @@
 
 Runs the sequential pipeline three times into WORK (ARVQ init only: 0 PV updates; ARVQ + PV with the
 reference target; ARVQ + PV with the same_input target, the seed's A/B), then measures end-to-end held-out
-cross-entropy on the model's own held-out windows (app.evaluate's set, purged from the calibration
+cross-entropy on the model's own held-out windows (training.evaluate's set, purged from the calibration
 training split) with every layer's cold experts replaced: unquantized, RTN-2bit, GPTQ-2bit (Hessians from
 the donor trajectory), ARVQ init, ARVQ + PV.
 """
@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 
-from app.evaluate import heldout_ce, heldout_tokens
+from training.evaluate import heldout_ce, heldout_tokens
 from kernels.ref.loss import cross_entropy_zloss
 from kernels.ref.rmsnorm import rmsnorm
 from quant import baselines, calib, layer as L, objective as obj, sequential, store
 from quant.donor import cold_from_load, donor_block, embed, expert_load, load_donor
 from quant.hessian import expert_hessian
-from quant.pv import PROJS, PVConfig
+from quant.experts import PROJS
+from quant.pv import PVConfig
 
 
 def hybrid_ce(donor, ids: torch.Tensor, cold_w: dict[int, dict[int, dict[str, torch.Tensor]]]) -> float:
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     weights.update(scalar_baselines(donor, cold, data))
     for k in ("arvq_init", "arvq_pv", "arvq_pv_same_input", "arvq_pv_scales_fast"):
         weights[k] = {l: L.weights_of(store.load_layer(variants[k].out, l), cold[l]) for l in cold}
-    ce = {"donor (app.evaluate)": heldout_ce(donor.params, donor.cfg, held)}
+    ce = {"donor (training.evaluate)": heldout_ce(donor.params, donor.cfg, held)}
     ce.update({k: hybrid_ce(donor, held, w) for k, w in weights.items()})
     rows = []
     for layer in sorted(recs["arvq_pv"]):

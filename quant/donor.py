@@ -1,13 +1,13 @@
 """The project's trained MoE as ARVQ's donor: parameters from a run's checkpoint, its expert load, and the
 MoE block split into the parts the PV objective needs (seed 002, sections 4-5).
 
-    a      = h + attention(RMSNorm(h))                     # app.model.attention_block, unchanged
+    a      = h + attention(RMSNorm(h))                     # training.model.attention_block, unchanged
     f      = RMSNorm(a)                                    # the MoE input
-    block  = a + shared(f) + sum_slot gate * expert(f)     # app.moe.moe_ffn: the donor's block output
+    block  = a + shared(f) + sum_slot gate * expert(f)     # training.moe.moe_ffn: the donor's block output
     frozen = a + shared(f) + sum_{hot e} gate_e * expert_e(f)   # everything that is not a cold expert
 
 Every op is app's (kernels/ref), so the donor parts are the same bits on every machine. Checkpoints are
-read through app.checkpoint's digest check (safetensors only, nothing unpickled).
+read through training.checkpoint's digest check (safetensors only, nothing unpickled).
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from app.checkpoint import ckpt_dir, list_checkpoints, read_manifest, verify_files
-from app.config import RunConfig, from_dict
-from app.model import attention_block, ffn, rope_for
-from app.moe import moe_ffn, top_k
+from training.checkpoint import ckpt_dir, list_checkpoints, read_manifest, verify_files
+from training.config import RunConfig, from_dict
+from training.layers import ffn
+from training.model import attention_block, rope_for
+from training.moe import moe_ffn, top_k
 from kernels.ref.contraction import hp_matmul
 from kernels.ref.embedding import embedding
 from kernels.ref.rmsnorm import rmsnorm

@@ -1,7 +1,7 @@
 """quant's exceptions: messages name the layer, expert, projection or file, and what was expected."""
 from __future__ import annotations
 
-from app.errors import AppError
+from training.errors import AppError
 
 
 class QuantError(AppError):

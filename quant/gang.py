@@ -16,7 +16,8 @@ import os
 import torch
 
 from quant.errors import QuantError
-from quant.pv import ExpertState, PVConfig
+from quant.experts import ExpertState
+from quant.pv import PVConfig
 
 
 class GangError(QuantError):

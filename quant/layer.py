@@ -21,7 +21,8 @@ from quant.expert_sum import Reducer
 from quant.fit import FitConfig, fit_projection
 from quant.hessian import expert_hessian
 from quant.format import decode
-from quant.pv import PROJS, ExpertState, PVConfig, Tuner
+from quant.experts import PROJS, ExpertState
+from quant.pv import PVConfig, Tuner
 from quant.student import Latent, expert_forward, to_projection
 
 GATE_TOL = 1e-6

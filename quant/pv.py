@@ -27,10 +27,11 @@ from kernels.ref.reduce import exact_sum
 from quant import objective as obj
 from quant.errors import ConfigError, FitError
 from quant.expert_sum import Reducer
-from quant.student import Latent, decode_latent, expert_forward
+from quant.experts import PROJS, ExpertState, contribution
+from quant.reassign import reassign
+from quant.student import decode_latent
 
 F32 = torch.float32
-PROJS = ("w13", "w2")
 
 
 @dataclass(frozen=True)
@@ -79,21 +80,6 @@ class PVConfig:
             raise ConfigError(f"PVConfig.clip must be > 0, got {self.clip}")
 
 
-@dataclass
-class ExpertState:
-    """One cold expert on a gang member: its two projections' latents and Adam moments."""
-    expert: int
-    lat: dict[str, Latent]
-    frozen: bool = False
-
-    def __post_init__(self) -> None:
-        self.m = {(p, k): torch.zeros_like(getattr(self.lat[p], k)) for p in PROJS for k in ("books", "logs")}
-        self.v = {key: torch.zeros_like(t) for key, t in self.m.items()}
-
-    def snapshot(self) -> dict[str, Latent]:
-        return {p: self.lat[p].clone() for p in PROJS}
-
-
 def batches(n_rows: int, cfg: PVConfig):
     """Endless microbatches (int64 row indices): a Philox shuffle per epoch, no replacement within it."""
     epoch = 0
@@ -104,20 +90,6 @@ def batches(n_rows: int, cfg: PVConfig):
         for i in range(0, n_rows - per + 1, per):
             yield torch.sort(perm[i:i + per]).values  # ascending rows: gathers in one order
         epoch += 1
-
-
-def contribution(es: ExpertState, s: obj.Split, rows: torch.Tensor | None, emulate: bool,
-                 w: dict[str, torch.Tensor] | None = None, steps=None) -> torch.Tensor:
-    """gate * expert(f) of one expert on split rows (all when None), zero on rows not routed to it."""
-    sub = s if rows is None else s.take(rows)
-    hit = (sub.topk == es.expert)
-    pos = torch.nonzero(hit.any(dim=1)).flatten()
-    gate = torch.amax(torch.where(hit, sub.gates, torch.zeros_like(sub.gates))[pos], dim=1)
-    if w is None:
-        w = {p: es.lat[p].weight() for p in PROJS}
-    y = expert_forward(sub.f[pos], w["w13"], w["w2"], steps, emulate) * gate[:, None]
-    # distinct rows: one add per element, no order to choose
-    return torch.zeros(sub.f.shape, dtype=F32, device=sub.f.device).index_add(0, pos, y)
 
 
 class Tuner:
@@ -204,7 +176,6 @@ class Tuner:
 
     def run(self) -> dict:
         """Tune; afterwards the experts hold the best validated latents. Returns the history and choices."""
-        from quant.reassign import reassign  # local: reassign uses this module's helpers
         cfg = self.cfg
         it = batches(self.p.split("train").f.shape[0], cfg)
         best = self.rel("val")

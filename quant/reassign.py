@@ -24,6 +24,7 @@ import torch
 from kernels.ref.elementary import sqrt_
 from kernels.ref.reduce import exact_sum
 from quant import objective as obj
+from quant.experts import PROJS, contribution
 from quant.format import GROUP, GROUPS_PER_BLOCK
 from quant.fp_formats import e4m3_decode
 
@@ -97,7 +98,6 @@ def _prefixes(p: int) -> list[int]:
 
 def reassign(tuner, train_rows: torch.Tensor, check_rows: torch.Tensor) -> dict:
     """One reassignment pass over the tuner's experts; returns counts and the SSEs."""
-    from quant.pv import PROJS, contribution
     cfg, p = tuner.cfg, tuner.p
     st, sc = p.split("train").take(train_rows), p.split("train").take(check_rows)
     y_t, y_c = tuner.coupled("train", train_rows), tuner.coupled("train", check_rows)

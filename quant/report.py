@@ -68,13 +68,13 @@ def render(r: dict) -> str:
               "block output on the original trajectory), each run on its own student trajectory with its published",
               "experts; layer 0 has no upstream drift, so both targets are the same problem there.", "",
               "## End-to-end held-out cross-entropy", "",
-              "The model's own held-out windows (app.evaluate: 32 windows of 64 tokens, every 25th from window 6000;",
+              "The model's own held-out windows (training.evaluate: 32 windows of 64 tokens, every 25th from window 6000;",
               "the calibration training split is purged of every window sharing a 16-token run with them). Every",
               "layer's cold experts replaced at once; the rest of the model is the donor's.", "",
               "| model | held-out CE (nats) | vs unquantized |", "| --- | --- | --- |"]
     ce = r["heldout_ce"]
     ref = ce["unquantized"]
-    names = {"donor (app.evaluate)": "donor, app.evaluate.heldout_ce", "unquantized": "unquantized (pipeline path)",
+    names = {"donor (training.evaluate)": "donor, training.evaluate.heldout_ce", "unquantized": "unquantized (pipeline path)",
              "rtn2": "cold experts RTN-2bit", "gptq2": "cold experts GPTQ-2bit", "arvq_init": "cold experts ARVQ init",
              "arvq_pv": "cold experts ARVQ+PV (reference target)",
              "arvq_pv_same_input": "cold experts ARVQ+PV (same_input target)",

@@ -31,7 +31,8 @@ from quant.errors import ConfigError, IntegrityError
 from quant.fit import FitConfig, config_dict
 from quant.objective import SPLITS, row_weights
 from quant.expert_sum import Reducer
-from quant.pv import PROJS, PVConfig, Tuner
+from quant.experts import PROJS
+from quant.pv import PVConfig, Tuner
 
 CACHE = "cache"
 
@@ -104,7 +105,7 @@ def _load_cache(out: Path, layer: int, digest: str) -> dict | None:
 
 def _inputs(donor: Donor, spec: RunSpec, data: dict | None) -> tuple[dict, dict, dict]:
     if data is None:
-        from app.evaluate import heldout_tokens
+        from training.evaluate import heldout_tokens
         cfg = calib.CalibConfig(**{**asdict(spec.calib), "corpus": donor.cfg.train.corpus,
                                    "seq_len": donor.cfg.model.seq_len})
         data = calib.build(cfg, extra_held_out=heldout_tokens(donor.cfg))

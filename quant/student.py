@@ -166,7 +166,7 @@ def expert_forward(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, steps: 
     """A cold expert on its routed rows x [n, D] -> [n, D] (differentiable in w13, w2).
 
     Default: the donor's own arithmetic with the weights swapped, int8 W8A8 linears with the expert's
-    learned activation steps `steps` (app.model.ffn), so unquantized weights give the donor's bits.
+    learned activation steps `steps` (training.model.ffn), so unquantized weights give the donor's bits.
     emulate=True: the seed's serving emulation instead (FP4 activation planes, fp32 GEMM, fp16 SwiGLU).
     """
     if not emulate:

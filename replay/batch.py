@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from app.checkpoint import list_checkpoints
-from app.errors import AppError, ConfigError
+from training.checkpoint import list_checkpoints
+from training.errors import AppError, ConfigError
 from replay.certificates import SCHEMA, RunLog, write_certificates
 
 DEFAULT_SEGMENT = 100  # the report's checkpoint interval; used when a run has no checkpoint spacing to follow

@@ -15,8 +15,8 @@ import blake3
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from app.errors import AppError
-from app.hashlog import read_jsonl
+from training.errors import AppError
+from training.hashlog import read_jsonl
 
 CERT_DIR = Path("audit") / "certificates"
 HASHLOG = "hashlog.jsonl"

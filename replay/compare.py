@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.hashlog import HASHLOG, read_jsonl
-from app.state_hash import ZERO, chain
+from training.hashlog import HASHLOG, read_jsonl
+from training.state_hash import ZERO, chain
 from replay.errors import AuditRefused
 
 CODE_BOUND = ("code_version", "state_hash", "chain_hash")  # the fields a code version change alters

@@ -12,7 +12,7 @@ def replay_main(run: str, until_step: int, from_checkpoint: int | None = None, d
     """Replay steps [from_checkpoint or 0, until_step] (inclusive) of `run`; print MATCH or MISMATCH."""
     import torch
 
-    from app.checkpoint import ckpt_dir, list_checkpoints
+    from training.checkpoint import ckpt_dir, list_checkpoints
     from replay.core import replay_segment
     from replay.errors import AuditRefused
 

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 
 import stream
-from app import checkpoint as ckpt, devices
-from app.config import RunConfig, Topology, from_dict
-from app.errors import AppError, CheckpointError
-from app.digests import digest_many
-from app.hashlog import HASHLOG, read_jsonl
-from app.init import init_params
-from app.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
-from app.step import StepContext, StepResult, TrainState, run_step
+from training import checkpoint as ckpt, devices
+from training.config import RunConfig, Topology, from_dict
+from training.errors import AppError, CheckpointError
+from kernels.digest import digest_many
+from training.hashlog import HASHLOG, read_jsonl
+from training.init import init_params
+from training.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
+from training.step import StepContext, StepResult, TrainState, run_step
 from replay.diff import first_in
 from replay.errors import AuditRefused
 from replay.rundesc import check_collectives, check_copies, check_corpus, read_run_json

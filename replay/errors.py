@@ -1,7 +1,7 @@
 """The replay's refusals: inputs it will not audit. Subclasses AppError, so the CLI exits 2 with the message."""
 from __future__ import annotations
 
-from app.errors import AppError
+from training.errors import AppError
 
 
 class AuditRefused(AppError):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.errors import AppError
+from training.errors import AppError
 from replay.errors import AuditRefused
 from stream.fileio import blake3_file
 from stream.manifest import MANIFEST_NAME, load_manifest

@@ -1,7 +1,14 @@
 """Fixtures shared across packages."""
+from __future__ import annotations
+
 import os
+from pathlib import Path
 
 import pytest
+import torch
+
+from training.config import RunConfig
+from training.presets import TINY
 
 
 @pytest.fixture(scope="module")
@@ -16,3 +23,35 @@ def ray_session():
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo corpus (vocab 4096), built from this interpreter's standard library (~3 s)."""
+    from stream import build_demo
+
+    out = tmp_path_factory.mktemp("demo-corpus")
+    build_demo(out, vocab_size=TINY.model.vocab_size, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny(demo_corpus: Path) -> RunConfig:
+    """The tiny preset reading the session's corpus."""
+    return TINY.replace(**{"train.corpus": str(demo_corpus)})
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch CPU thread for a module (bits do not depend on it): on a busy 2-core machine two threads that
+    wait for each other make the tiny model's init and steps several times slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def tiny1(tiny: RunConfig) -> RunConfig:
+    """tiny with one window per microbatch: what real workers need to split its batch of 2 windows."""
+    return tiny.replace(**{"train.micro_batch": 1})

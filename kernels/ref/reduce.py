@@ -145,7 +145,7 @@ def global_l2_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
 
     Squares are exact in float64; one fixed-point scale from the largest square over all tensors;
     int64 sums per tensor, added as integers; float32(sqrt(float64(float32 sum))) at the end. The four
-    steps are public so that a sharded caller (app/sharding.py) can all-reduce the max and the sums between them.
+    steps are public so that a sharded caller (training/sharding.py) can all-reduce the max and the sums between them.
     """
     if not tensors:
         raise ValueError("global_l2_norm: argument 'tensors' is empty")

@@ -1,10 +1,10 @@
-"""app/deferred_hash.py on CUDA: the digests queued at a step's end run before the kernels queued after them (the
+"""training/deferred_hash.py on CUDA: the digests queued at a step's end run before the kernels queued after them (the
 next step's in-place writes), and the side-stream read returns that state's hash."""
 import pytest
 import torch
 
-from app.deferred_hash import StateHashReader, queue_state_hash
-from app.state_hash import state_hash
+from training.deferred_hash import StateHashReader, queue_state_hash
+from training.state_hash import state_hash
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

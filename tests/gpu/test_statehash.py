@@ -54,9 +54,9 @@ def test_tensor_digests_match_kernels_digest():
 
 
 def test_state_hash_on_device_equals_host():
-    """app.state_hash over a CUDA state (hashed in one device buffer) equals the host serialization's."""
-    from app.digests import digest_many as app_digest_many
-    from app.state_hash import state_hash
+    """training.state_hash over a CUDA state (hashed in one device buffer) equals the host serialization's."""
+    from kernels.digest import digest_many as app_digest_many
+    from training.state_hash import state_hash
 
     entries = {"param/w": philox.normal(SEED, 2, (257, 129)).to(torch.bfloat16), "m/w": philox.normal(SEED, 3, (257, 129)),
                "grad/odd": torch.arange(7, dtype=torch.uint8), "meta/config": b'{"a":1}', "meta/empty": b"",
@@ -68,8 +68,8 @@ def test_state_hash_on_device_equals_host():
 
 
 def test_raw_and_named_digests_on_device_equal_host():
-    """app.digests' stage digests and raw digests: CUDA (one batched device pass) == CPU."""
-    from app.digests import DigestMemo, named_digest, raw_digests
+    """kernels.digest' stage digests and raw digests: CUDA (one batched device pass) == CPU."""
+    from kernels.digest import DigestMemo, named_digest, raw_digests
 
     named = {"w": philox.normal(SEED, 4, (1025, 333)), "b16": philox.normal(SEED, 5, (3, 1)).to(torch.bfloat16),
              "big": torch.randint(0, 256, (130 * 1024 * 1024 + 7,), dtype=torch.uint8), "none": torch.zeros(0, 4)}
@@ -81,7 +81,7 @@ def test_raw_and_named_digests_on_device_equal_host():
 
 def test_pending_named_digest_is_read_after_its_tensors_are_freed():
     """PendingNamed queues the hashing and holds no tensor: freeing and reusing the memory before hex() is safe."""
-    from app.digests import PendingNamed, named_digest
+    from kernels.digest import PendingNamed, named_digest
 
     named = {"w": philox.normal(SEED, 6, (513, 1031)), "b16": philox.normal(SEED, 7, (9, 5)).to(torch.bfloat16)}
     on_gpu = {k: v.cuda() for k, v in named.items()}

@@ -161,7 +161,7 @@ def test_sum_nonfinite_rows():
     assert mismatches(t_reduce.exact_sum(x.to(CUDA)), r_reduce.exact_sum(x.to(CUDA))) == 0
 
 
-# --- global L2 norm (gradient clipping) and the exact gradient reduction (app/reduction.py) ---
+# --- global L2 norm (gradient clipping) and the exact gradient reduction (training/reduction.py) ---
 
 def specials(dtype=torch.float32) -> torch.Tensor:
     """Non-finite, huge, tiny, subnormal and signed-zero values, and ExactSum's edges: 2^24 and 2^-97."""
@@ -261,7 +261,7 @@ def test_exact_sum_fused_large(k, scale):
 
 
 def check_exact_sum(shape, k, scale) -> None:
-    from app.reduction import ExactSum
+    from training.reduction import ExactSum
 
     parts = xsum_partials(shape, k, k)
 
@@ -278,7 +278,7 @@ def check_exact_sum(shape, k, scale) -> None:
 @pytest.mark.parametrize("shape", [(7, 33), (3, 4097), pytest.param((4096, 11264), marks=gpu_only)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_exact_sum_fused_merge_and_of_shared(shape):
-    from app.reduction import ExactSum
+    from training.reduction import ExactSum
 
     parts = xsum_partials(shape, 6, "merge")
 
@@ -305,7 +305,7 @@ def test_exact_sum_fused_result_of_unnormalized_limbs():
     """Crafted sums: float32 ties (and ties -+1 grid unit) at every magnitude 2^0 .. 2^94 of the grid, both signs,
     held in digits as many partials leave them (a negative low digit, carries up to 2^61). The carry
     normalization and the fixed float64 chain decide these roundings (double rounding included)."""
-    from app.reduction import ExactSum
+    from training.reduction import ExactSum
 
     vals = [sg * ((((1 << 24) + 1) << t) + d) for t in range(95) for d in (-1, 0, 1) for sg in (1, -1)]
     n = len(vals)
@@ -328,8 +328,8 @@ def test_exact_sum_fused_result_of_unnormalized_limbs():
 
 
 def test_reduce_gradients_exact_fused():
-    from app.config import Topology
-    from app.reduction import mesh_order, reduce_gradients
+    from training.config import Topology
+    from training.reduction import mesh_order, reduce_gradients
 
     topo, accum = Topology(2, 1), 2
     shapes = {"w": (7, 33), "b": (257,), "e": (0, 4), "s": (1,)}

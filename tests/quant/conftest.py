@@ -34,8 +34,8 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_donor():
     """tiny-moe at its (Philox) init: a real MoE of the project, no training run needed."""
-    from app.init import init_params
-    from app.presets import preset
+    from training.init import init_params
+    from training.presets import preset
     from quant.donor import Donor
     cfg = preset("tiny-moe")
     params = {k: v.float() for k, v in init_params(cfg.model, 7).items()}

@@ -1,7 +1,7 @@
 """Cold arithmetic: the default is the donor's own expert bits; the emulation's planes and fp16 boundaries."""
 import torch
 
-from app.model import ffn
+from training.layers import ffn
 from kernels.digest import bits_equal
 from quant.student import expert_forward, fp4_planes
 

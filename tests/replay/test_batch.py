@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.presets import TINY
-from app.train import TrainOptions, train
+from training.presets import TINY
+from training.train import TrainOptions, train
 from replay.batch import run_batch
 from replay.certificates import SCHEMA, RunLog, read_certificates
 from replay.coverage import coverage_of

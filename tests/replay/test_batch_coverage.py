@@ -6,7 +6,7 @@ import blake3
 import numpy as np
 import pytest
 
-from app.errors import ConfigError
+from training.errors import ConfigError
 from replay.batch import auditor_resources, default_segment, parse_steps, plan_segments, pool_size
 from replay.certificates import CertificateError, RunLog, cert_path, read_certificates, write_certificates
 from replay.coverage import coverage_of, draw_coverage, exit_code

@@ -12,10 +12,10 @@ import pytest
 import torch
 import zstandard
 
-from app.config import Topology
-from app.errors import IntegrityError
-from app.presets import TINY
-from app.train import TrainOptions, train
+from training.config import Topology
+from training.errors import IntegrityError
+from training.presets import TINY
+from training.train import TrainOptions, train
 from replay import replay_segment
 from replay.errors import AuditRefused
 
@@ -98,7 +98,7 @@ def _poison(corpus: Path, cfg, steps: range) -> tuple[int, str]:
     windows, the document begun in them), re-compress the shard and update the manifest consistently; returns
     (the step, the shard's path)."""
     import stream
-    from app.step import schedules
+    from training.step import schedules
     from stream.provenance import step_provenance
     from stream.tokenizer import load_tokenizer
 
@@ -213,7 +213,7 @@ def test_altered_run_directory_copy_is_refused(run12, tmp_path):
 
 
 def test_replay_refuses_a_bad_device_by_name(run12):
-    from app.errors import ConfigError
+    from training.errors import ConfigError
 
     with pytest.raises(ConfigError, match="device 'gpu'"):
         replay_segment(run12, 0, 1, device="gpu")

@@ -1,0 +1,93 @@
+"""Training on Ray Train V2 workers: a 2-worker run's hash log equals the one-process run's.
+
+With exact reduction and micro_batch = 1 a step's bits do not depend on the world size, so the 2-worker
+log is byte-identical to the one-process run on the virtual topology 2x1, and equal to the 1x1 run in every
+field but `topology` and `accum` (the chain of state hashes included)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from training.config import Topology  # noqa: E402
+from training.train import TrainOptions, train  # noqa: E402
+
+pytestmark = pytest.mark.slow
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cfg1(tiny):
+    return tiny.replace(**{"train.micro_batch": 1})
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "hashlog.jsonl").read_text().splitlines()]
+
+
+def test_two_workers_equal_one_process(cfg1, ray_local, one_thread, tmp_path):
+    from training.ray_train import train_ray
+
+    opts = dict(steps=STEPS, checkpoint_every=4, eval_every=0, progress=False)
+    one = tmp_path / "one"
+    virt = tmp_path / "virt"
+    real = tmp_path / "real"
+    train(cfg1, one, TrainOptions(**opts))
+    train(cfg1, virt, TrainOptions(**opts, topology=Topology(2, 1)))
+    s = train_ray(cfg1, real, TrainOptions(**opts), (2, 2), threads=1)
+    assert s["steps"] == STEPS
+    assert (real / "hashlog.jsonl").read_bytes() == (virt / "hashlog.jsonl").read_bytes()
+    a, b = _records(one), _records(real)
+    assert len(a) == len(b) == STEPS + 1
+    for x, y in zip(a, b):
+        if x["step"] >= 0:
+            assert (x["topology"], y["topology"]) == ("1x1", "2x1")
+            x, y = dict(x), dict(y)
+            for k in ("topology", "accum"):
+                x.pop(k), y.pop(k)
+        assert x == y  # the bits (state and chain hashes, digests) do not depend on the world size
+    events = [json.loads(x) for x in (real / "metrics.jsonl").read_text().splitlines()]
+    assert [e["world"] for e in events if e["event"] == "workers"] == [2]
+    assert any(p.name.startswith("checkpoint") for p in (real / "ray").rglob("*") if p.is_dir())
+
+
+def test_workers_option_and_refusals(cfg1, one_thread):
+    """--workers parsing; a real group refuses `ordered` reduction and a topology of another world size (HSDP,
+    dp_shard > 1, is accepted: tests/training/test_ray_hsdp.py); train_ray refuses --workers not multiples of --dp-shard."""
+    import torch
+
+    from training.errors import ConfigError
+    from training.init import init_params
+    from training.ray_train import parse_workers, train_ray
+    from training.step import StepContext, TrainState, run_step
+    from training.train import TrainOptions
+
+    assert parse_workers("2") == (2, 2) and parse_workers("2:4") == (2, 4)
+    for bad in ("0", "3:2", "a:b"):
+        with pytest.raises(ConfigError):
+            parse_workers(bad)
+
+    class Two:  # rank 0 of a (pretend) 2-worker group: the refusals come before any collective
+        rank, world = 0, 2
+
+    tokens = torch.zeros((2, cfg1.model.seq_len + 1), dtype=torch.int64)
+    for cfg, topo, word in ((cfg1.replace(**{"train.reduction": "ordered"}), Topology(2, 1), "ordered"),
+                            (cfg1, Topology(1, 1), "has 1 ranks, the group 2")):
+        ctx = StepContext.build(cfg)
+        state = TrainState.fresh(init_params(cfg.model, cfg.train.seed))
+        with pytest.raises(ConfigError, match=word):
+            run_step(state, tokens, topo, ctx, Two())
+    for workers, shard in (((2, 3), 2), ((3, 3), 2), ((2, 2), 0)):
+        with pytest.raises(ConfigError, match="--dp-shard"):
+            train_ray(cfg1, "/nonexistent/run", TrainOptions(1, progress=False), workers, dp_shard=shard)

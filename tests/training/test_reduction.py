@@ -1,0 +1,146 @@
+"""The canonical reduction: exact mode is order- and topology-free; ordered mode is the report's Algorithm 1."""
+import itertools
+from fractions import Fraction
+
+import pytest
+import torch
+
+from training.config import Topology
+from training.errors import ConfigError
+from training.reduction import Coord, ExactSum, mesh_order, reduce_gradients
+from kernels.digest import bits_equal
+from kernels.ref import philox
+
+
+def _draw(i: int, n: int = 257, scale_exp: int = 0) -> torch.Tensor:
+    """Partial i: Philox normals with magnitudes spread over 2^-30 .. 2^10 (stress for reduction order)."""
+    z = philox.normal(7, 100 + i, (n,))
+    e = (philox.random_bits(7, 200 + i, n) % 41).to(torch.int64) - 30 + scale_exp
+    return (z.to(torch.float64) * torch.ldexp(torch.ones(n, dtype=torch.float64), e)).to(torch.float32)
+
+
+def test_exact_sum_is_the_correctly_rounded_sum_in_every_order():
+    parts = [_draw(i, 9) for i in range(6)]
+    ref = [sum(Fraction(float(p[j])) for p in parts) for j in range(9)]
+    outs = []
+    for perm in itertools.islice(itertools.permutations(range(6)), 0, 720, 97):
+        s = ExactSum((9,), "cpu")
+        for i in perm:
+            s.add(parts[i])
+        outs.append(s.result())
+    for o in outs[1:]:
+        assert bits_equal(o, outs[0])
+    for j in range(9):
+        assert float(outs[0][j]) == float(torch.tensor(float(ref[j]), dtype=torch.float32))
+
+
+def test_exact_sum_merge_equals_one_accumulator_and_cancels_exactly():
+    a, b, c = _draw(1), _draw(2), _draw(3)
+    one = ExactSum(a.shape, "cpu")
+    for t in (a, b, c, -a):
+        one.add(t)
+    left, right = ExactSum(a.shape, "cpu"), ExactSum(a.shape, "cpu")
+    left.add(a), left.add(b)
+    right.add(c), right.add(-a)
+    right.merge(left)
+    assert bits_equal(one.result(), right.result())
+    assert bits_equal(one.result(), (ExactSum_of(b, c)))
+
+
+def ExactSum_of(*ts):  # noqa: N802
+    s = ExactSum(ts[0].shape, "cpu")
+    for t in ts:
+        s.add(t)
+    return s.result()
+
+
+def test_exact_sum_propagates_non_finite_and_out_of_range():
+    s = ExactSum((4,), "cpu")
+    s.add(torch.tensor([float("nan"), float("inf"), 2.0 ** 25, 1.0]))
+    s.add(torch.tensor([1.0, 1.0, 1.0, float("-inf")]))
+    out = s.result()
+    assert torch.isnan(out[0]) and out[1] == float("inf") and out[2] == float("inf") and out[3] == float("-inf")
+
+
+def _partials(topo: Topology, accum: int, per_window: list[torch.Tensor]):
+    """Partials in mesh order, window m of the step owned by rank m % world (single-window microbatches)."""
+    world = topo.world
+    for c in mesh_order(topo, accum):
+        rank = c.replica * topo.dp_shard + c.shard
+        yield c, {"w": per_window[rank + c.micro * world]}
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (1, 8), (8, 1)])
+def test_exact_mode_bits_do_not_depend_on_the_topology(shape):
+    per_window = [_draw(i) for i in range(8)]
+    ref = reduce_gradients(_partials(Topology(1, 1), 8, per_window), Topology(1, 1), 8, "exact")["w"]
+    topo = Topology(*shape)
+    got = reduce_gradients(_partials(topo, 8 // topo.world, per_window), topo, 8 // topo.world, "exact")["w"]
+    assert bits_equal(got, ref)
+
+
+def _algorithm_1(topo: Topology, accum: int, per_window: list[torch.Tensor]) -> torch.Tensor:
+    """The report's Algorithm 1, written out independently: ordered micro sums, ascending shards, TreeFold."""
+    from collectives import treefold
+
+    world = topo.world
+    inv = lambda n: torch.tensor(1.0 / n, dtype=torch.float32)  # noqa: E731
+    replicas = []
+    for r in range(topo.dp_replicate):
+        inner = None
+        for s in range(topo.dp_shard):
+            rank = r * topo.dp_shard + s
+            g = per_window[rank]
+            for a in range(1, accum):
+                g = g + per_window[rank + a * world]
+            g = g * inv(accum) if accum > 1 else g
+            inner = g if inner is None else inner + g
+        replicas.append(inner * inv(topo.dp_shard) if topo.dp_shard > 1 else inner)
+    out = treefold(replicas)
+    return out * inv(topo.dp_replicate) if topo.dp_replicate > 1 else out
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 1), (1, 2), (2, 2), (3, 1), (1, 3), (3, 2), (5, 1), (7, 1)])
+def test_ordered_mode_is_algorithm_1(shape):
+    topo = Topology(*shape)
+    per_window = [_draw(i) for i in range(topo.world * 2)]
+    got = reduce_gradients(_partials(topo, 2, per_window), topo, 2, "ordered")["w"]
+    assert bits_equal(got, _algorithm_1(topo, 2, per_window))
+
+
+def test_ordered_mode_depends_on_the_topology_as_designed():
+    per_window = [_draw(i) for i in range(12)]
+
+    def red(r, s):
+        topo = Topology(r, s)
+        acc = 12 // topo.world
+        return reduce_gradients(_partials(topo, acc, per_window), topo, acc, "ordered")["w"]
+
+    # a fold over replicas and one over shards add the same pair (or triple) in the same order
+    assert bits_equal(red(2, 1), red(1, 2)) and bits_equal(red(3, 1), red(1, 3))
+    # a different ownership changes which windows each rank sums, and the order of the adds
+    assert not bits_equal(red(1, 1), red(2, 1)) and not bits_equal(red(2, 1), red(3, 1))
+    exact = reduce_gradients(_partials(Topology(1, 1), 12, per_window), Topology(1, 1), 12, "exact")["w"]
+    for shape in [(1, 1), (2, 1), (3, 1), (2, 3)]:
+        assert torch.allclose(red(*shape), exact, rtol=1e-5, atol=1e-6)
+
+
+def test_partials_out_of_mesh_order_are_refused():
+    per_window = [_draw(i) for i in range(4)]
+    bad = [(Coord(0, 1, 0), {"w": per_window[0]}), (Coord(0, 0, 0), {"w": per_window[1]})]
+    with pytest.raises(ConfigError, match="mesh order"):
+        reduce_gradients(iter(bad), Topology(1, 2), 1, "exact")
+    with pytest.raises(ConfigError, match="partials"):
+        reduce_gradients(iter(bad[1:]), Topology(1, 2), 1, "ordered")
+
+
+def test_one_partial_takes_the_short_path_with_the_limbs_bits():
+    g = _draw(5, 4099)
+    g[:6] = torch.tensor([-2.0 ** -97, 3 * 2.0 ** -98, -5 * 2.0 ** -98, 2.0 ** -120, -(2.0 ** 23), float("nan")])
+    short = ExactSum(g.shape, "cpu")
+    short.add(g)
+    long = ExactSum(g.shape, "cpu")
+    long.add(g)
+    long.add(torch.zeros_like(g))  # forces the limbs
+    for scale in (1.0, 1.0 / 3):
+        assert bits_equal(short.result(scale), long.result(scale))

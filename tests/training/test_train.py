@@ -1,0 +1,99 @@
+"""The trainer end to end on the tiny preset: loss falls, resume continues the chain bit-exactly, and the
+same run under AVX2 or another thread count writes the same hash log."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.errors import DivergenceError
+from training.hashlog import read_jsonl
+from training.report import report
+from training.train import TrainOptions, train
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANT_STEPS = 70  # through the batch ramp (step 64: 2 -> 4 windows, accumulation 1 -> 2)
+
+pytestmark = pytest.mark.slow
+
+
+def _lines(run: Path) -> list[str]:
+    return (run / "hashlog.jsonl").read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def run200(tiny, one_thread, tmp_path_factory) -> tuple[Path, dict]:
+    """tiny, 200 steps in one go, checkpoints every 100, held-out CE every 50."""
+    out = tmp_path_factory.mktemp("runs") / "a"
+    return out, train(tiny, out, TrainOptions(steps=200, checkpoint_every=100, eval_every=50, progress=False))
+
+
+def test_held_out_loss_falls(run200):
+    out, summary = run200
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("event") == "eval"]
+    assert [e["step"] for e in evals] == [0, 50, 100, 150, 200]
+    first, last = evals[0]["heldout_ce"], evals[-1]["heldout_ce"]
+    print(f"held-out CE {first:.4f} -> {last:.4f}; training loss {summary['first_loss']:.4f} -> "
+          f"{summary['last_loss']:.4f}; hashing {100 * summary['hash_share']:.2f}% of step time")
+    assert first > 8.0 and last < first - 1.0
+    assert (out / "loss.png").stat().st_size > 0
+    rep = report(out)
+    assert rep["grad_norm"]["full"]["steps"] == 200 and len(rep["files"]) == 3
+
+
+def _stopped_at_100(a: Path, dst: Path) -> Path:
+    """Run `a` as it stood when it had done 100 steps: checkpoint 100, log through step 99, no later files."""
+    shutil.copytree(a, dst, ignore=shutil.ignore_patterns("step-000000000200", "*.png", "report.json"))
+    (dst / "hashlog.jsonl").write_text("\n".join(_lines(a)[:101]) + "\n")
+    metrics = (dst / "metrics.jsonl").read_text().splitlines()
+    def before(m: dict) -> bool:  # "step" events count from 0; eval/checkpoint events record steps done
+        return m["event"] != "end" and m.get("step", 0) < (100 if m["event"] == "step" else 101)
+
+    keep = [m for m in metrics if before(json.loads(m))]
+    (dst / "metrics.jsonl").write_text("\n".join(keep) + "\n")
+    return dst
+
+
+def test_resume_from_step_100_continues_the_chain_bit_exactly(tiny, run200, tmp_path):
+    a, _ = run200
+    b = _stopped_at_100(a, tmp_path / "b")
+    train(tiny, b, TrainOptions(steps=200, checkpoint_every=100, eval_every=50, progress=False), resume=True)
+    assert _lines(b) == _lines(a)
+    assert json.loads(_lines(b)[-1])["chain_hash"] == json.loads(_lines(a)[-1])["chain_hash"]
+    assert not list(b.glob("hashlog.before-resume-*"))  # nothing was logged past the checkpoint
+
+
+def test_resume_recomputes_logged_steps_and_detects_a_fork(tiny, run200, tmp_path):
+    a, _ = run200
+    c = tmp_path / "c"
+    shutil.copytree(a, c, ignore=shutil.ignore_patterns("step-000000000200"))
+    lines = _lines(c)
+    rec = json.loads(lines[105])
+    rec["chain_hash"] = "0" * 64  # pretend the original run had computed something else at step 104
+    lines[105] = json.dumps(rec, sort_keys=True, separators=(",", ":"))
+    (c / "hashlog.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DivergenceError, match="step 104"):
+        train(tiny, c, TrainOptions(steps=110, checkpoint_every=100, eval_every=0, progress=False), resume=True)
+    assert (c / "hashlog.before-resume-1.jsonl").is_file()
+
+
+def _variant(tiny, out: Path, threads: str, **env) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "app", "train", "--config", "tiny", "--corpus", tiny.train.corpus, "--steps",
+           str(VARIANT_STEPS), "--out", str(out), "--no-progress", "--checkpoint-every", "0", "--eval-every", "0",
+           "--threads", threads]
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
+
+
+# against the in-process run (this machine's default instruction set and thread count): AVX2 on 1 thread,
+# and the default instruction set on 2 threads
+@pytest.mark.parametrize("threads,env", [("1", {"ATEN_CPU_CAPABILITY": "avx2"}), ("2", {})], ids=["avx2-1thread",
+                                                                                             "2threads"])
+def test_same_hash_log_under_avx2_and_any_thread_count(tiny, run200, tmp_path, threads, env):
+    a, _ = run200
+    res = _variant(tiny, tmp_path / "v", threads, **env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "run hash" in res.stdout
+    assert _lines(tmp_path / "v") == _lines(a)[:VARIANT_STEPS + 1]

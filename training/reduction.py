@@ -1,0 +1,273 @@
+"""The canonical gradient reduction of one step: microbatches -> ranks -> shards -> replicas.
+
+One function, `reduce_gradients`, that collectives/ will own; partials arrive in mesh order (replica-major,
+shard-minor, then the rank's microbatches in order). Two definitions, picked by `train.reduction`:
+
+"ordered" (the report's Algorithm 1 and appendix A): per rank, float32 adds of its microbatch gradients in
+    order, times 1/accum; shards added in ascending order into `inner`, times 1/dp_shard; replicas folded
+    by collectives.TreeFold (the pairing of a recursive-doubling all-reduce), times 1/dp_replicate.
+    Bits depend on the topology; a replay reproduces them by running the same virtual topology.
+
+"exact" (beyond the paper): every partial is rounded once, element by element, to a fixed absolute grid
+    of 2^-96 and added as integers in three int64 limbs of 40-bit digits (`ExactSum`). Integer addition is
+    associative, so the sum is the same for every grouping: per rank, across shards, across replicas, in
+    any order, atomics included. The unique carry-normalized digits go through a fixed chain of float64
+    operations (times 1/n) and one float32 rounding.
+    With a topology-independent microbatch partition (micro_batch = 1: a microbatch is one window), a
+    step's bits are then independent of the world size itself. Range: |g| < 2^24 per element and up to
+    2^22 partials; larger or non-finite elements propagate as inf/NaN (order-free), and values below
+    2^-97 round to the grid (far below AdamW's eps, so they cannot move an update).
+Averages are multiplications by reciprocals (appendix A.3), never divisions.
+Given `ops` = kernels.backend("triton"), ExactSum runs fused Triton kernels on CUDA tensors
+(kernels/triton/exactsum.py: the same bits, without the chains of eager float64 ops); ops=None is eager.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from training.config import REDUCTIONS, Topology
+from training.errors import ConfigError
+from collectives.treefold import TreeFold
+from kernels import is_triton
+from kernels.ref.fixed import pow2
+
+F32, F64 = torch.float32, torch.float64
+GRID = 96  # fixed-point grid 2^-GRID
+DIGIT = 40  # bits per limb digit; 3 limbs span 120 bits, |g| * 2^GRID < 2^120
+LIMIT = float(1 << (3 * DIGIT - GRID))  # 2^24: larger magnitudes are flagged, not wrapped
+MAX_PARTIALS = 1 << 22  # 2^40 * 2^22 = 2^62: no limb overflows before normalization
+
+
+@dataclass(frozen=True)
+class Coord:
+    """Where a microbatch ran: replica, shard, and its index in that rank's accumulation."""
+
+    replica: int
+    shard: int
+    micro: int
+
+
+def _p2(e: int, device) -> torch.Tensor:
+    return pow2(torch.tensor(e, device=device))
+
+
+def _fused_kernels(ops):
+    """kernels.triton.exactsum when `ops` is the Triton backend (kernels.backend("triton")), else None."""
+    if not is_triton(ops):
+        return None
+    from kernels.triton import exactsum  # lazy: triton is optional (the `gpu` extra)
+
+    return exactsum
+
+
+class ExactSum:
+    """Order-free exact sum of float32 tensors of one shape (see module doc): add in any order, same bits.
+
+    The first partial is kept as it is until a second arrives: a sum of one partial is the grid-rounded
+    partial itself (the limbs would reconstruct exactly that integer), so accum = world = 1 costs no limbs.
+    """
+
+    def __init__(self, shape: tuple[int, ...], device, ops=None) -> None:
+        self.shape, self.device = tuple(shape), device
+        self._fused = _fused_kernels(ops)
+        self.limbs: torch.Tensor | None = None  # allocated when a second partial arrives
+        self._bad: torch.Tensor | None = None  # allocated when first needed (None: all +0.0)
+        self.pending: torch.Tensor | None = None
+        self.count = 0
+
+    @property
+    def bad(self) -> torch.Tensor:
+        """The order-free float64 sum of inf/NaN stand-ins. Zeros until something needs it: a single partial's
+        fused result never does, and at the model's size the zeros are 8 bytes a parameter to fill and read."""
+        if self._bad is None:
+            self._bad = torch.zeros(self.shape, dtype=F64, device=self.device)
+        return self._bad
+
+    @bad.setter
+    def bad(self, value: torch.Tensor) -> None:
+        self._bad = value
+
+    # the eager path's exact powers of two, made on first use (the fused path needs none: no small copies to the GPU)
+    _up = functools.cached_property(lambda self: _p2(GRID, self.device))
+    _d80 = functools.cached_property(lambda self: _p2(-2 * DIGIT, self.device))
+    _d40 = functools.cached_property(lambda self: _p2(-DIGIT, self.device))
+    _m80 = functools.cached_property(lambda self: _p2(2 * DIGIT, self.device))
+    _m40 = functools.cached_property(lambda self: _p2(DIGIT, self.device))
+
+    def _kernels(self, *tensors: torch.Tensor):
+        """The fused kernels when they take these tensors (Triton backend, CUDA, contiguous limbs), else None."""
+        k = self._fused
+        bad = () if self._bad is None else (self._bad,)
+        if k is None or not k.on_triton(*tensors, *bad) or not all(b.is_contiguous() for b in bad):
+            return None
+        return k if self.limbs is None or (self.limbs.is_contiguous() and k.on_triton(self.limbs)) else None
+
+    def _grid(self, g: torch.Tensor) -> torch.Tensor:
+        """round(g * 2^GRID) in float64 (half to even, the one rounding); out-of-range elements go to `bad`."""
+        x = g.to(F64)
+        if x.numel() and not bool(torch.amax(x.abs()) < LIMIT):  # NaN fails the test too
+            ok = torch.isfinite(x) & (x.abs() < LIMIT)
+            # out-of-range elements become inf with their sign (NaN stays NaN): sums of those are order-free
+            self.bad = self.bad + torch.where(ok, torch.zeros_like(x), x * float("inf"))
+            x = torch.where(ok, x, torch.zeros_like(x))
+        return torch.round(x * self._up)  # exact scaling; r has <= 25 significant bits, |r| < 2^120
+
+    def _accumulate(self, g: torch.Tensor) -> None:
+        k = self._kernels(g)
+        if k is not None:  # fused: _grid and the digits below in one pass (bad updated in place)
+            fresh = self.limbs is None
+            if fresh:
+                self.limbs = torch.empty((3, *self.shape), dtype=torch.int64, device=self.device)
+            k.accumulate(g, self.limbs, self.bad, fresh)
+            return
+        r = self._grid(g)
+        if self.limbs is None:
+            self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
+        d2 = torch.trunc(r * self._d80)  # digits by truncation keep r's sign, and every op is exact:
+        r = r - d2 * self._m80           # each remainder is the low bits of a short integer
+        d1 = torch.trunc(r * self._d40)
+        d0 = r - d1 * self._m40
+        self.limbs[0] += d0.to(torch.int64)
+        self.limbs[1] += d1.to(torch.int64)
+        self.limbs[2] += d2.to(torch.int64)
+
+    def _flush(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._accumulate(pending)
+
+    def add(self, g: torch.Tensor) -> None:
+        """Add a partial (kept by reference until the next one: do not modify it)."""
+        if self.count >= MAX_PARTIALS:
+            raise ConfigError(f"reduction: more than {MAX_PARTIALS} partials for one exact sum")
+        if self.count == 0:
+            self.pending = g
+        else:
+            self._flush()
+            self._accumulate(g)
+        self.count += 1
+
+    def merge(self, other: "ExactSum") -> None:
+        """Add another accumulator's integers (what an int64 all-reduce of the limbs does)."""
+        self._flush()
+        other._flush()
+        if other.limbs is not None:
+            if self.limbs is None:
+                self.limbs = torch.zeros_like(other.limbs)
+            self.limbs += other.limbs
+        self.bad = self.bad + other.bad
+        self.count += other.count
+
+    def shared(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(limbs, bad) for a cross-rank int64/float64 all-reduce SUM (integer addition: any order, same bits).
+
+        Materializes the limbs (a pending single partial is accumulated); after the in-place all-reduce the
+        accumulator holds the sum over every rank and `result` gives the same bits as one process would."""
+        self._flush()
+        if self.limbs is None:
+            self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
+        return self.limbs, self.bad
+
+    @classmethod
+    def of_shared(cls, limbs: torch.Tensor, bad: torch.Tensor, ops=None) -> "ExactSum":
+        """An accumulator holding summed (limbs, bad) buffers, e.g. a slice of `shared()`'s (result is elementwise)."""
+        s = cls(tuple(bad.shape), bad.device, ops)
+        s.limbs, s.bad = limbs, bad
+        return s
+
+    def result(self, scale: float = 1.0) -> torch.Tensor:
+        """The sum times the host double `scale` (e.g. 1/n), rounded once to float32."""
+        src = self.pending if self.pending is not None else self.limbs
+        k = self._kernels(src) if src is not None else None
+        if k is not None:
+            return k.result(src, self._bad, scale, self.pending is not None, self.shape)
+        if self.pending is not None:
+            # one partial: the integer the limbs would reconstruct exactly (+ 0.0: an integer zero has no sign)
+            v = self._grid(self.pending) + 0.0
+        elif self.limbs is None:
+            v = torch.zeros(self.shape, dtype=F64, device=self.device)
+        else:
+            l0, l1, l2 = self.limbs[0], self.limbs[1], self.limbs[2]
+            # carry-normalize to the unique form 0 <= l0, l1 < 2^40 (arithmetic shifts are floors)
+            c = l0 >> DIGIT
+            l0 = l0 - (c << DIGIT)
+            l1 = l1 + c
+            c = l1 >> DIGIT
+            l1 = l1 - (c << DIGIT)
+            l2 = l2 + c
+            # a fixed chain of float64 operations on the unique integers: the same bits on every device
+            v = (l2.to(F64) * self._m80 + l1.to(F64) * self._m40) + l0.to(F64)
+        v = (v * _p2(-GRID, v.device)) * scale
+        return torch.where(torch.isfinite(self.bad), v, self.bad).to(F32)
+
+
+def _scale(g: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    if n == 1:
+        return g
+    inv = torch.tensor(1.0 / n, dtype=F32)  # reciprocal multiply: CUDA's scalar division differs from the CPU's
+    return {k: v * inv.to(v.device) for k, v in g.items()}
+
+
+def mesh_order(topo: Topology, accum: int) -> list[Coord]:
+    """Every microbatch of a step in mesh order: replica-major, shard-minor, then accumulation."""
+    return [Coord(r, s, a) for r in range(topo.dp_replicate) for s in range(topo.dp_shard) for a in range(accum)]
+
+
+def _checked(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topo: Topology,
+             accum: int) -> Iterator[tuple[Coord, dict[str, torch.Tensor]]]:
+    want = mesh_order(topo, accum)
+    i = 0
+    for c, g in partials:
+        if i >= len(want) or c != want[i]:
+            raise ConfigError(f"reduction: partial {i} is {c}, expected {want[i] if i < len(want) else 'none'} "
+                              f"(mesh order of {topo.label()} x accum {accum})")
+        i += 1
+        yield c, g
+    if i != len(want):
+        raise ConfigError(f"reduction: got {i} partials, the mesh {topo.label()} x accum {accum} has {len(want)}")
+
+
+def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], ops=None) -> dict[str, ExactSum]:
+    """Per tensor name, the ExactSum of the partials (any order, any subset: e.g. one real rank's microbatches).
+
+    `ops`: the op backend (ExactSum's fused kernels under kernels.backend("triton")); None is eager."""
+    sums: dict[str, ExactSum] = {}
+    for _, g in partials:
+        for k, v in g.items():
+            if k not in sums:
+                sums[k] = ExactSum(tuple(v.shape), v.device, ops)
+            sums[k].add(v)
+    return sums
+
+
+def exact_result(sums: dict[str, ExactSum], n: int) -> dict[str, torch.Tensor]:
+    """The mean over `n` microbatches from the (possibly all-reduced) exact sums."""
+    return {k: s.result(1.0 / n) for k, s in sums.items()}
+
+
+def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topology: Topology, accum: int,
+                     mode: str = "exact", ops=None) -> dict[str, torch.Tensor]:
+    """The mean gradient over all microbatches of a step, reduced by `mode` (module doc); float32 tensors.
+
+    `partials` may be a generator: at most one partial (plus the accumulators) is resident at a time.
+    """
+    if mode not in REDUCTIONS:
+        raise ConfigError(f"train.reduction: expected one of {REDUCTIONS}, got {mode!r}")
+    it = _checked(partials, topology, accum)
+    if mode == "exact":
+        return exact_result(exact_sums(it, ops), topology.world * accum)
+    fold = TreeFold()
+    inner = rank = None
+    for c, g in it:
+        g = {k: v.to(F32) for k, v in g.items()}
+        rank = g if c.micro == 0 else {k: rank[k] + g[k] for k in rank}
+        if c.micro == accum - 1:
+            rank = _scale(rank, accum)
+            inner = rank if c.shard == 0 else {k: inner[k] + rank[k] for k in inner}
+            if c.shard == topology.dp_shard - 1:
+                fold.push(_scale(inner, topology.dp_shard))
+    return _scale(fold.result(), topology.dp_replicate)

@@ -1,0 +1,365 @@
+"""The single-process trainer: run directory, stream, steps, hash chain, held-out eval, checkpoints, plots.
+
+A run directory holds config.json, hashlog.jsonl (one record per step, the init record first: step -1),
+metrics.jsonl (timings, held-out CE, weight norms, events), checkpoints/ and loss.png. It is never
+overwritten: a new run needs a fresh directory, `resume` continues an existing one from its latest
+checkpoint. Steps logged after that checkpoint (a run that went on, or crashed, past it) are recomputed
+and each checked against its recorded chain hash (DivergenceError on the first difference); the log as
+it was is kept aside as hashlog.before-resume-<n>.jsonl.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import stream
+from training import checkpoint as ckpt, devices
+from training.config import RunConfig, Topology, from_dict
+from training.errors import ConfigError, DivergenceError, IntegrityError, RunDirError
+from training.evaluate import heldout_ce, heldout_tokens, weight_norms
+from training.hashlog import HASHLOG, METRICS, JsonlLog, read_jsonl, rewrite_jsonl
+from training.init import init_params
+from training.deferred_hash import QueuedHash, StateHashReader, queue_state_hash
+from training.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
+from training.step import StepContext, StepResult, TrainState, run_step
+from kernels.digest import digest_many
+
+CONFIG = "config.json"
+RUN_JSON = "run.json"
+
+
+def write_run_json(out: Path, cfg_json: str, code: str, manifest, collectives: str) -> Path:
+    """RUN/run.json (what an auditor checks before replaying) plus RUN/data/ copies of the corpus manifest and
+    tokenizer, each with its blake3; written temp-then-rename. `collectives`: "exact" / "ordered" (replayable)
+    or "native" (non-deterministic: the replay refuses the run)."""
+    import blake3
+    import os
+    import shutil
+
+    from stream.fileio import atomic_write_json, blake3_file
+
+    files = {}
+    for rel in ("manifest.json", manifest.tokenizer_path):
+        dst = out / "data" / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        shutil.copyfile(manifest.root / rel, tmp)
+        os.replace(tmp, dst)
+        files[f"data/{rel}"] = blake3_file(dst)
+    files[CONFIG] = blake3_file(out / CONFIG)
+    desc = {"format": "run/1", "collectives": collectives, "auditable": collectives != "native",
+            "code_version": code, "config_blake3": blake3.blake3(cfg_json.encode()).hexdigest(),
+            "corpus": {"path": str(manifest.root), "manifest_blake3": manifest.digest,
+                       "tokenizer_path": manifest.tokenizer_path, "tokenizer_blake3": manifest.tokenizer_blake3},
+            "files": files}
+    atomic_write_json(out / RUN_JSON, desc)
+    return out / RUN_JSON
+
+
+@dataclass
+class TrainOptions:
+    steps: int
+    checkpoint_every: int = 100
+    eval_every: int = 50
+    topology: Topology = Topology()
+    device: str = "cpu"
+    progress: bool = True
+    backend: str = "ref"  # kernels.backend: "triton" runs the Triton twins on CUDA; the bits are the same
+
+
+def _record(r: StepResult, tokens: int, state_digest: bytes, chain_digest: bytes) -> dict:
+    """The hash-log record of a step: only values that are functions of config, corpus and code."""
+    return {"step": r.step, "tokens": tokens, "windows": list(r.windows), "topology": r.topology, "accum": r.accum,
+            "loss": r.loss, "ce": r.ce, "z": r.z, "grad_norm": r.grad_norm, "clip_coef": r.clip_coef, "lr": r.lr,
+            "skipped": not r.applied, "spike_trigger": r.triggered, "state_hash": state_digest.hex(),
+            "chain_hash": chain_digest.hex(), "digests": r.digests, **({"expert_load": r.expert_load}
+                                                                     if r.expert_load else {})}
+
+
+@dataclass
+class _Queued:
+    """A step that ran, with its state hash queued and not yet read (Trainer.start_step)."""
+    result: StepResult
+    tokens: int  # the state's token count after the step
+    n_tokens: int  # the step's tokens
+    started: float  # perf_counter() at the step's start
+    ran: float  # ... when run_step returned
+    hashing: QueuedHash | None = None  # its state hash, queued (None: a rank that does not write the run)
+    queue_seconds: float = 0.0  # host time spent queueing them
+
+
+class _NullLog:
+    """The log of a process that does not write the run directory (a data-parallel rank other than 0)."""
+
+    def append(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Trainer:
+    """One run: `Trainer(cfg, out, opts, resume).run()`.
+
+    `group` (training/ray_train.py): a real data-parallel group every rank's Trainer shares; each step then runs
+    only this rank's microbatches (training/step.py). `writer`: whether this process writes the run directory
+    (hash log, metrics, checkpoints); the other ranks only read it (their checkpoint on resume).
+    """
+
+    def __init__(self, cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False,
+                 group=None, writer: bool = True) -> None:
+        self.cfg, self.out, self.opts = cfg, Path(out), opts
+        self.group, self.writer = group, writer
+        self.code = code_version()
+        self.config_json = canonical_json(cfg.to_dict()).decode()
+        devices.check(opts.device, opts.backend)
+        self.ctx = StepContext.build(cfg, opts.device, opts.backend)
+        # everything that can refuse the config is checked before the run directory is touched
+        self.stream = stream.open_stream(cfg.train.corpus, seq_len=cfg.model.seq_len, seed=cfg.train.seed)
+        vocab = self.stream.manifest.vocab_size
+        if vocab != cfg.model.vocab_size:
+            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size}, but corpus {cfg.train.corpus} has a "
+                              f"{vocab}-token tokenizer")
+        self.heldout = heldout_tokens(cfg, self.ctx.device)
+        self._open_run_dir(resume)
+        self.metrics = JsonlLog(self.out / METRICS) if writer else _NullLog()
+        self.expected: dict[int, dict] = {}
+        self.state, self.prev = self._resume() if resume else self._fresh()
+        self.log = JsonlLog(self.out / HASHLOG) if writer else _NullLog()
+        self._reader = StateHashReader()
+        self._finished_at: float | None = None
+
+    # -- run directory, start, resume -------------------------------------------------------------------
+    def _open_run_dir(self, resume: bool) -> None:
+        if not resume and not self.writer:
+            raise RunDirError(f"{self.out}: a process that does not write the run directory can only resume it")
+        if resume:
+            if not (self.out / CONFIG).is_file():
+                raise RunDirError(f"{self.out}: --resume needs an existing run directory with {CONFIG}")
+            saved = from_dict(json.loads((self.out / CONFIG).read_text()))
+            if canonical_json(saved.to_dict()) != canonical_json(self.cfg.to_dict()):
+                raise ConfigError(f"{self.out / CONFIG}: the run was started with another config; resume with it")
+            return
+        if self.out.exists():
+            raise RunDirError(f"{self.out}: exists; refusing to overwrite a run (pass --resume to continue it, "
+                              f"or choose another --out)")
+        self.out.mkdir(parents=True)
+        (self.out / CONFIG).write_text(self.config_json + "\n")
+
+    def _fresh(self) -> tuple[TrainState, bytes]:
+        write_run_json(self.out, self.config_json, self.code, self.stream.manifest, self.cfg.train.reduction)
+        params = init_params(self.cfg.model, self.cfg.train.seed, self.ctx.device)
+        state = TrainState.fresh(params)
+        sdig = state_hash(state_entries(state, self.config_json, self.code, self.stream.state(0)))
+        prev = chain(ZERO, sdig)
+        self.last_state_hash = sdig.hex()
+        with JsonlLog(self.out / HASHLOG) as log:
+            log.append({"step": -1, "tokens": 0, "init_digest": digest_many(params), "state_hash": sdig.hex(),
+                        "chain_hash": prev.hex(), "code_version": self.code})
+        self.metrics.append({"event": "start", "config": self.cfg.name, "topology": self.opts.topology.label(),
+                             "device": str(self.ctx.device), "backend": self.ctx.backend,
+                             "torch": torch.__version__, "code_version": self.code,
+                             "time": time.time()})
+        return state, prev
+
+    def _resume(self) -> tuple[TrainState, bytes]:
+        steps = ckpt.list_checkpoints(self.out)
+        if not steps:
+            raise RunDirError(f"{self.out}: no checkpoint to resume from")
+        path = ckpt.ckpt_dir(self.out, steps[-1])
+        state, manifest = ckpt.load_checkpoint(path, self.ctx.specs, self.code, self.ctx.device)
+        self.stream.restore(manifest["stream_state"])
+        self.resumed_from = path
+        if not self.writer:  # the writer checks the log against the checkpoint and rewrites it
+            self.last_state_hash = manifest["state_hash"]
+            return state, bytes.fromhex(manifest["chain_hash"])
+        records = read_jsonl(self.out / HASHLOG)
+        keep = [r for r in records if r["step"] < state.step]
+        if not keep or keep[-1]["step"] != state.step - 1 or keep[-1]["chain_hash"] != manifest["chain_hash"]:
+            raise IntegrityError(self.out / HASHLOG, manifest["chain_hash"], keep[-1]["chain_hash"] if keep else "none",
+                                 f"the log's record of step {state.step - 1} does not match checkpoint {path.name}")
+        self.expected = {r["step"]: r for r in records if r["step"] >= state.step}
+        if self.expected:  # steps logged after the checkpoint: keep them aside, and re-check each as it recurs
+            n = 1
+            while (self.out / f"hashlog.before-resume-{n}.jsonl").exists():
+                n += 1
+            rewrite_jsonl(self.out / f"hashlog.before-resume-{n}.jsonl", records)
+        rewrite_jsonl(self.out / HASHLOG, keep)
+        self.last_state_hash = manifest["state_hash"]
+        self.metrics.append({"event": "resume", "from_step": state.step, "checkpoint": str(path),
+                             "recheck_steps": len(self.expected), "time": time.time()})
+        return state, bytes.fromhex(manifest["chain_hash"])
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        if not self.writer:
+            return {}
+        rec = {"event": "eval", "step": self.state.step, "tokens": self.state.tokens,
+               "weight_norms": weight_norms(self.state.params, self.cfg)}
+        if self.heldout is not None:
+            rec["heldout_ce"] = heldout_ce(self.state.params, self.cfg, self.heldout, self.ctx.rope)
+        self.metrics.append(rec)
+        return rec
+
+    def start_step(self) -> "_Queued":
+        """Run the next step and queue its state hash's digests on the device, without reading them: on CUDA the
+        host can go on to the next step while the GPU hashes, and `finish_step` reads the digests later."""
+        step = self.state.step
+        lo, hi = self.ctx.batch.window_range(step)
+        t0 = time.perf_counter()
+        tokens = torch.from_numpy(self.stream.windows(lo, hi)).to(torch.int64).to(self.ctx.device)
+        r = run_step(self.state, tokens, self.opts.topology, self.ctx, self.group)
+        if not self.writer:  # nothing to log; on HSDP this rank does not even hold the full state
+            return _Queued(r, self.state.tokens, (hi - lo) * self.cfg.model.seq_len, t0, time.perf_counter())
+        t1 = time.perf_counter()
+        entries = state_entries(self.state, self.config_json, self.code,
+                                self.stream.state_for_step(step + 1, self.ctx.batch))
+        queued = queue_state_hash(entries, r.memo)
+        return _Queued(r, self.state.tokens, (hi - lo) * self.cfg.model.seq_len, t0, t1, queued,
+                       time.perf_counter() - t1)
+
+    def finish_step(self, q: "_Queued") -> tuple[dict, float, float]:
+        """Read a started step's state hash, chain it, log its record and check it against an expected one;
+        (record, step seconds, hashing seconds). Steps are finished in the order they were started. A rank that
+        does not write the run directory only ran the step ({"step", "loss"})."""
+        r = q.result
+        if q.hashing is None:
+            return {"step": r.step, "loss": r.loss}, q.ran - q.started, r.digest_seconds
+        t2 = time.perf_counter()
+        sdig = self._reader.read(q.hashing)
+        self.prev = chain(self.prev, sdig)
+        self.last_state_hash = sdig.hex()
+        rec = _record(r, q.tokens, sdig, self.prev)
+        self.log.append(rec)
+        now = time.perf_counter()
+        # a step's seconds: since the previous record was finished (the loop's period when steps overlap), or
+        # since this step started
+        secs = now - max(q.started, self._finished_at or q.started)
+        self._finished_at = now
+        want = self.expected.pop(r.step, None)
+        if want is not None and want["chain_hash"] != rec["chain_hash"]:
+            raise DivergenceError(f"step {r.step}: recomputed chain hash {rec['chain_hash']} differs from the logged "
+                                  f"{want['chain_hash']} (state hash {rec['state_hash']} vs {want['state_hash']})")
+        hashing = q.queue_seconds + (now - t2) + r.digest_seconds
+        self.metrics.append({"event": "step", "step": r.step, "seconds": secs, "hash_seconds": hashing,
+                             "tokens_per_s": q.n_tokens / secs})
+        return rec, secs, hashing
+
+    def one_step(self) -> tuple[dict, float, float]:
+        """Run, hash and log the next step; (record, step seconds, hashing seconds)."""
+        self._finished_at = None
+        return self.finish_step(self.start_step())
+
+    def checkpoint(self) -> Path | None:
+        if not self.writer:
+            return None
+        path = ckpt.save_checkpoint(self.out, self.state, self.cfg.to_dict(), self.code,
+                                    self.stream.state_for_step(self.state.step, self.ctx.batch),
+                                    self.last_state_hash, self.prev.hex())
+        self.metrics.append({"event": "checkpoint", "step": self.state.step, "path": str(path), "time": time.time()})
+        return path
+
+    def run(self) -> dict:
+        """Train to `opts.steps` steps; returns the summary (also the last metrics event)."""
+        from training.progress import StepProgress
+        from training.report import plot_losses
+
+        o = self.opts
+        if self.state.step >= o.steps:
+            raise ConfigError(f"--steps {o.steps}: the run is already at step {self.state.step}")
+        t = self.cfg.train
+        end = self.ctx.batch.window_range(o.steps - 1)[1]
+        if t.heldout_windows and end > t.heldout_window:
+            raise ConfigError(f"--steps {o.steps}: would read windows up to {end}, past train.heldout_window="
+                              f"{t.heldout_window} (the held-out slice); train fewer steps or move the slice")
+        first = self.state.step
+        if first == 0 and o.eval_every:
+            self.evaluate()
+        total_s = hash_s = 0.0
+        losses = []
+        with StepProgress(o.steps, first, self.cfg.model.seq_len, enabled=o.progress) as bar:
+            def finish(q: _Queued) -> None:
+                nonlocal total_s, hash_s
+                rec, secs, hs = self.finish_step(q)
+                total_s, hash_s = total_s + secs, hash_s + hs
+                losses.append(rec["loss"])
+                if self.writer:
+                    bar.update(rec, secs)
+
+            self._finished_at = None
+            pending = None  # the step before, started and not yet finished
+            while self.state.step < o.steps:
+                try:
+                    q = self.start_step()
+                except BaseException:
+                    if pending is not None:  # log what was done before the failure
+                        finish(pending)
+                    raise
+                if pending is not None:  # its digests were computed while this step was queued
+                    finish(pending)
+                pending = None
+                n = self.state.step
+                evaluate = bool(o.eval_every) and n % o.eval_every == 0
+                save = bool(o.checkpoint_every) and n % o.checkpoint_every == 0
+                if evaluate or save:
+                    finish(q)  # evaluations and checkpoints follow the step's record
+                    if evaluate:
+                        self.evaluate()
+                    if save:
+                        self.checkpoint()
+                    self._finished_at = None
+                else:
+                    pending = q
+            if pending is not None:
+                finish(pending)
+        if o.eval_every and self.state.step % o.eval_every:
+            self.evaluate()
+        if not o.checkpoint_every or self.state.step % o.checkpoint_every:
+            self.checkpoint()  # the end state is always resumable
+        if self.writer:
+            plot_losses(self.out)
+        evals = [r for r in read_jsonl(self.out / METRICS) if r.get("event") == "eval" and "heldout_ce" in r]
+        summary = {"event": "end", "run": str(self.out), "steps": self.state.step, "tokens": self.state.tokens,
+                   "first_loss": losses[0], "last_loss": losses[-1],
+                   "heldout_first": evals[0]["heldout_ce"] if evals else None,
+                   "heldout_last": evals[-1]["heldout_ce"] if evals else None,
+                   "seconds": total_s, "hash_share": hash_s / total_s if total_s else 0.0,
+                   "run_hash": self.prev.hex() if self.writer else None, "time": time.time()}
+        self.metrics.append(summary)
+        self.log.close()
+        self.metrics.close()
+        return summary
+
+
+def train(cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False) -> dict:
+    """Train (or resume) the run at `out`; returns the summary dict."""
+    return Trainer(cfg, out, opts, resume).run()
+
+
+def main(config: str, steps: int, out: str, resume: bool = False, checkpoint_every: int = 100, eval_every: int = 50,
+         topology: str = "1x1", micro_batch: int | None = None, corpus: str | None = None, device: str = "cpu",
+         progress: bool = True, threads: int = 0, backend: str = "ref") -> int:
+    """`python -m app train ...`: train, print the one-line summary with the run hash."""
+    from rich.console import Console
+
+    from training.presets import preset
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = preset(config)
+    if micro_batch is not None:
+        cfg = cfg.replace(**{"train.micro_batch": micro_batch})
+    if corpus is not None:
+        cfg = cfg.replace(**{"train.corpus": corpus})
+    opts = TrainOptions(steps, checkpoint_every, eval_every, Topology.parse(topology), device, progress, backend)
+    s = train(cfg, out, opts, resume)
+    held = (f", held-out CE {s['heldout_first']:.3f} -> {s['heldout_last']:.3f}"
+            if s["heldout_first"] is not None else "")
+    Console(soft_wrap=True).print(
+        f"run {s['run']}: {s['steps']} steps, {s['tokens']:,} tokens, loss {s['first_loss']:.3f} -> "
+        f"{s['last_loss']:.3f}{held}, hashing {100 * s['hash_share']:.1f}% of step time, run hash {s['run_hash']}")
+    return 0
