@@ -28,7 +28,8 @@ from kernels.ref.philox import normal, random_bits  # noqa: E402
 from quant.expert_sum import Reducer  # noqa: E402
 from quant.format import RVQProjection  # noqa: E402
 from quant.objective import LayerProblem, Split  # noqa: E402
-from quant.pv import ExpertState, PVConfig, Tuner  # noqa: E402
+from quant.experts import ExpertState  # noqa: E402
+from quant.pv import PVConfig, Tuner  # noqa: E402
 from quant.reassign import reassign  # noqa: E402
 from quant.student import Latent  # noqa: E402
 

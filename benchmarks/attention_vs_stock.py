@@ -1,6 +1,6 @@
 """One attention layer, forward + backward: ours (Triton, the reference's bits) vs stock PyTorch's SDPA in bf16
 (as the race's stock arm runs it: is_causal for a global layer, a boolean window mask for a local one) vs the
-floor of our own work. Where "The floor at 16 layers" in docs/perf.md puts the largest gap of the step.
+floor of our own work: the largest part of the step's gap to stock ("Where the step's time goes", docs/perf.md).
 
     python benchmarks/attention_vs_stock.py [--batch 4] [--seq-len 2048] [--window 512] [--out FILE.json]
 

@@ -31,10 +31,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels.cuda import rotate as cuda_rotate  # noqa: E402
-from kernels.ref import philox, rotated_mm as r_rot  # noqa: E402
+from kernels.cuda.emulate import emulated_launcher  # noqa: E402
+from kernels.ref import philox  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-COPY_BW = 4.3e12  # bytes/s, a device-to-device copy through PyTorch on the H200 (KINDS.md)
+COPY_BW = 4.3e12  # bytes/s, a device-to-device copy through PyTorch on the H200
 MAX_C = cuda_rotate.MAX_ROW_C  # the row kernel holds a row of up to 16,384 elements in registers
 DEVICE = "cuda"  # "cpu" under --smoke
 TAGS = [""]  # variant suffixes timed: "" (the working tree's kernels), and "@REV" with --baseline REV
@@ -59,66 +60,6 @@ def cuda_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Te
 def col_splits(rows: int, c: int) -> int:
     sms = torch.cuda.get_device_properties().multi_processor_count if DEVICE == "cuda" else 132  # --smoke: an H200
     return cuda_rotate.col_splits(rows, c, sms)
-
-
-def _in_lane_stages(v: torch.Tensor, regs: int) -> torch.Tensor:
-    """Stages pairing registers k and k + h (h = 1, 2, 4, ..) inside each thread; `regs` is the registers' dim."""
-    v = v.movedim(regs, -1).clone()
-    k = torch.arange(v.shape[-1])
-    h = 1
-    while h < v.shape[-1]:
-        lower = k[(k & h) == 0]
-        a, b = v[..., lower], v[..., lower + h]
-        v[..., lower], v[..., lower + h] = a + b, a - b
-        h *= 2
-    return v.movedim(-1, regs)
-
-
-def _lane_exchanges(v: torch.Tensor, lanes_dim: int) -> torch.Tensor:
-    """Stages pairing lane l with lane l ^ m (m = 1 .. 16), as __shfl_xor_sync: the upper lane takes partner - own."""
-    v = v.movedim(lanes_dim, -1)
-    lanes = torch.arange(32)
-    for m in (1, 2, 4, 8, 16):
-        other = v[..., lanes ^ m]
-        v = torch.where((lanes & m) != 0, other - v, v + other)
-    return v.movedim(-1, lanes_dim)
-
-
-def lane_schedule_fwht(blocks: torch.Tensor) -> torch.Tensor:
-    """The row kernel's butterflies in torch, for a CPU test against the reference: blocks [n, 256] float32 laid
-    out as the kernel holds them ([n, 32 lanes, 8]), the in-lane stages, then each lane-exchange stage."""
-    v = _in_lane_stages(blocks.reshape(-1, 32, 8), 2)
-    return _lane_exchanges(v, 1).reshape(blocks.shape)
-
-
-def column_schedule_fwht(blocks: torch.Tensor) -> torch.Tensor:
-    """The column kernels' butterflies in torch: a thread of warp w loads C indices 32 w + i ([n, 8 warps, 32]) and
-    runs the stages 1 .. 16 in its registers; then, through the tile, lane l holds 32 k + l and runs 32, 64, 128."""
-    v = _in_lane_stages(blocks.reshape(-1, 8, 32), 2)
-    return _in_lane_stages(v, 1).reshape(blocks.shape)
-
-
-def emulated_launcher(variant: str, g: torch.Tensor, q: torch.Tensor, step: torch.Tensor, bad: torch.Tensor,
-                      pre: torch.Tensor | None = None):
-    """--smoke's stand-in for the CUDA kernels, on the CPU: their lane schedules and their quantization in torch,
-    so the benchmark's plumbing and the kernels' arithmetic are checked against the Triton kernel under
-    TRITON_INTERPRET=1 before any GPU time is spent."""
-    def launch():
-        o = g if variant == "rows" else g.t()  # [rows, C]
-        if pre is not None:  # the rebuilt operand, its scale per C index (or one)
-            o = r_rot.to_int8(o / pre).to(torch.float32) * pre
-        flags = (~torch.isfinite(o)).any(dim=1)
-        o = torch.where(torch.isfinite(o), o, torch.zeros_like(o))
-        schedule = lane_schedule_fwht if variant == "rows" else column_schedule_fwht
-        rot = schedule(o.reshape(-1, 256)).reshape(o.shape)
-        nan = torch.isnan(rot).any(dim=1)
-        amax = torch.where(torch.isnan(rot), torch.zeros_like(rot), rot.abs()).amax(dim=1)
-        st = torch.where(nan, torch.ones_like(amax), amax / torch.full_like(amax, 127.0))
-        st = torch.where(st > 0, st, torch.ones_like(st))
-        q.copy_(r_rot.to_int8(rot / st[:, None]))
-        step.copy_(st)
-        bad.copy_(flags.to(torch.int32))
-    return launch
 
 
 def compile_launcher():

@@ -1,8 +1,8 @@
 """The GPU's SM clock and power draw, sampled by nvidia-smi beside a benchmark, summarized over spans it marks.
 
-CUDA events say how long a kernel took, not at what clock. The state hash takes 18.9 ms alone after a step and
-adds a median 27 ms inside the paired rounds (docs/perf.md); whether the GPU runs it at a lower clock there
-(power capping after the step's tensor-core phases) is a question for the clock. `--clocks` in
+CUDA events say how long a kernel took, not at what clock: whether the GPU runs the state hash at a lower clock
+inside a step than alone (power capping after the step's tensor-core phases) is a question for the clock (alone,
+on an H200, it ran at the maximum 1980 MHz: docs/perf.md). `--clocks` in
 benchmarks/train_throughput.py (the paired arm) and benchmarks/state_hash_cost.py uses this.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ Per (reduction mode, W): `replay` is training.step.run_step of step 0 on the vir
 microbatches in mesh order, replicas folded by TreeFold in ordered mode) with `--windows` windows of one
 window per microbatch; `rank` is one rank's share of that step run as its own step (windows/W windows, same
 microbatch size: its forward/backward, local accumulation, clip, AdamW, stage digests); `1x1` is the whole
-batch on one rank. Target (issue 6): replay <= 1.2 x (W x rank). Peak memory: the step's additional peak RSS
+batch on one rank. Target: replay <= 1.2 x (W x rank). Peak memory: the step's additional peak RSS
 (ru_maxrss after minus RSS before), each (mode, W) in a fresh subprocess. Prints a table, writes
 benchmarks/results/replay.json and docs/results/replay-<device>.json.
 """

@@ -2,9 +2,8 @@
 
     python3 benchmarks/state_hash_cost.py [--layers 24] [--seq-len 2048] [--batch 4] [--reps 6] [--clocks]
 
-The paired rounds of benchmarks/train_throughput.py say what the state hash adds to a step (a median ~27 ms
-at open-1b's 24 layers); `benchmarks/ab_tiles.py --ops blake3` says what the chunk kernel costs on a few large
-tensors. This splits the first into its parts on the trainer's real state (Triton backend, one step run so
+The rounds of benchmarks/train_throughput.py (`triton-paired`, `triton-pipelined`) say what the state hash adds
+to a step. This splits it into its parts on the trainer's real state (Triton backend, one step run so
 that params, m, v and the clipped gradients hold a step's values), each timed with the GPU idle before:
 
 - `host: buffers`: `statehash._words` over every tensor (the no-copy fast path, or a padded copy);

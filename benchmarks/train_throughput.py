@@ -41,7 +41,7 @@ step: hash kernels queued ahead of a host-bound stretch of the step run in GPU t
 
 `--head-slices`: our arms run once per slice count of the LM head's contractions (`model.head_slices`, 3 by
 default; an arm at another count is named e.g. `triton/head2`): a different contract, with its own bits and
-errors (benchmarks/head_slices.py), timed beside the default one.
+errors (docs/perf.md), timed beside the default one.
 
 `--rotate`: our arms once per rotate-quantize implementation: `cuda` (the backend's default where NVRTC builds
 kernels/cuda/rotate_quantize.cu) and `triton` (its Triton kernel everywhere, named e.g. `triton/rotate-triton`).

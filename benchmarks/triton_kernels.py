@@ -1,6 +1,6 @@
-"""The issue-7 Triton twins (int8 GEMMs, Hadamard, int8_linear, hp_matmul, embedding, CE + z-loss, attention)
-vs stock PyTorch vs the BR reference on CUDA, each against its floor: the larger of (bytes moved / bandwidth) and
-(operations / the H200's nominal dense rate for the units it runs on).
+"""The Triton twins of the step's hot ops (int8 GEMMs, Hadamard, int8_linear, hp_matmul, embedding, CE + z-loss,
+attention) vs stock PyTorch vs the BR reference on CUDA, each against its floor: the larger of (bytes moved /
+bandwidth) and (operations / the H200's nominal dense rate for the units it runs on).
 
     python benchmarks/triton_kernels.py [--tokens 8192] [--ops hadamard rotated] [--out benchmarks/results/triton_kernels.json]
     TRITON_INTERPRET=1 python benchmarks/triton_kernels.py --smoke   # CPU: every case once, tiny shapes, no timing
@@ -24,8 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels.ref import attention as r_att, contraction as r_hp, embedding as r_emb, hadamard as r_had  # noqa: E402
 from kernels.ref import int8_linear as r_lin, intmm as r_mm, loss as r_loss, philox, rotated_mm as r_rot  # noqa: E402
-from kernels.triton import attention as t_att, contraction as t_hp, embedding as t_emb, hadamard as t_had  # noqa: E402
-from kernels.triton import int8_linear as t_lin, intmm as t_mm, loss as t_loss, rotated_mm as t_rot  # noqa: E402
 
 NOMINAL_BW = 4.8e12      # H200 HBM3e, bytes/s (datasheet)
 NOMINAL_INT8 = 1979e12   # H200 SXM dense int8 tensor-core ops/s (datasheet)
@@ -61,6 +59,9 @@ def _fb(fn, *inputs):
 
 def cases(n: int, d: int, f: int, v: int, dev):
     """(op, shape, bytes, int8 ops, bf16 flops, triton fn, stock fn, ref fn)."""
+    from kernels.triton import attention as t_att, contraction as t_hp, embedding as t_emb, hadamard as t_had
+    from kernels.triton import int8_linear as t_lin, intmm as t_mm, loss as t_loss, rotated_mm as t_rot
+
     rows = []
     # bare int8 GEMM [n, d] x [d, f]
     a, b = _int8((n, d), 1, dev), _int8((d, f), 2, dev)
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     dst = torch.empty_like(src)
     bw = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)  # measured ceiling
     del src, dst
-    table = Table(title=f"issue-7 Triton twins vs stock vs reference, {torch.cuda.get_device_name()}")
+    table = Table(title=f"Triton twins vs stock vs reference, {torch.cuda.get_device_name()}")
     for col in ("op", "shape", "triton ms", "stock ms", "ref ms", "floor ms", "triton/stock", "ref/triton",
                 "floor/triton"):
         table.add_column(col, justify="left" if col == "op" else "right")

@@ -20,14 +20,11 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels.ref import adamw as r_adamw, elementary as r_el, philox, reduce as r_reduce  # noqa: E402
 from kernels.ref import rmsnorm as r_rms, rope as r_rope, softmax as r_soft, swiglu as r_swiglu  # noqa: E402
-from kernels.triton import adamw as t_adamw, elementary as t_el, reduce as t_reduce, statehash  # noqa: E402
-from kernels.triton import rmsnorm as t_rms, rope as t_rope, softmax as t_soft, swiglu as t_swiglu  # noqa: E402
 
 NOMINAL_BW = 4.8e12  # H200 HBM3e, bytes/s (datasheet)
 DEV = torch.device("cuda")
@@ -53,6 +50,9 @@ def _fb(fn, *inputs):
 
 def cases(n: int, d: int, f: int, hd: int):
     """(op, shape, bytes moved fwd+bwd, triton fn, stock fn, ref fn)."""
+    from kernels.triton import adamw as t_adamw, elementary as t_el, reduce as t_reduce
+    from kernels.triton import rmsnorm as t_rms, rope as t_rope, softmax as t_soft, swiglu as t_swiglu
+
     el = n * d
     x = _x((n, d), 1)
     xp = (x.detach().abs() + 1e-3).requires_grad_()
@@ -107,6 +107,8 @@ def cases(n: int, d: int, f: int, hd: int):
 
 def copy_bandwidth() -> float:
     """Measured device-to-device copy rate, bytes read + written per second (the practical ceiling)."""
+    from triton.testing import do_bench
+
     a = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
     b = torch.empty_like(a)
     ms = do_bench(lambda: b.copy_(a), return_mode="median")
@@ -116,6 +118,9 @@ def copy_bandwidth() -> float:
 def bench_hash(size: int) -> dict:
     """On-device BLAKE3 vs device->host copy + stock blake3 (one thread and all threads)."""
     import blake3
+    from triton.testing import do_bench
+
+    from kernels.triton import statehash
 
     data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=DEV)
     gpu_ms = do_bench(lambda: statehash.blake3_digest(data), return_mode="median")
@@ -152,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hash-bytes", type=int, default=1 << 30)
     ap.add_argument("--out", default="benchmarks/results/triton_ops.json")
     args = ap.parse_args(argv)
+    from triton.testing import do_bench
+
     bw = copy_bandwidth()
     rows = []
     table = Table(title=f"Triton twins vs stock vs reference, fwd+bwd, {torch.cuda.get_device_name()}")

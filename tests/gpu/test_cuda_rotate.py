@@ -10,8 +10,9 @@ import torch
 pytest.importorskip("triton")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-from benchmarks.cuda_rotate import operand, reference, same  # noqa: E402
 from kernels.cuda import rotate  # noqa: E402
+from kernels.cuda.rotate import probe as operand, reference  # noqa: E402
+from kernels.digest import bits_equal as same  # noqa: E402
 from kernels.ref import philox, rotated_mm as r_rot  # noqa: E402
 from kernels.triton import rotated_mm as t_rot  # noqa: E402
 

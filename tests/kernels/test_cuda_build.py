@@ -1,6 +1,5 @@
 """kernels/cuda/nvrtc.py and rotate.py's build, on a machine without CUDA: an NVRTC stand-in records what it is
-asked and answers as the C API does. What the real NVRTC makes of the source: benchmarks/cuda_offline.py
-(NVRTC and ptxas from pip wheels) and tests/gpu/test_cuda_rotate.py."""
+asked and answers as the C API does. What the real NVRTC makes of the source: tests/gpu/test_cuda_rotate.py."""
 from __future__ import annotations
 
 import contextlib
@@ -143,9 +142,9 @@ def test_a_failed_self_check_leaves_the_triton_kernel(fake_device):
 
 
 def _emulated(mutate=None):
-    """launch_variant through the kernels' torch stand-in (benchmarks/cuda_rotate.emulated_launcher); `mutate`
+    """launch_variant through the kernels' torch stand-in (kernels/cuda/emulate.emulated_launcher); `mutate`
     spoils its output, as a broken argument passing or build would."""
-    from benchmarks.cuda_rotate import emulated_launcher
+    from kernels.cuda.emulate import emulated_launcher
 
     def launch_variant(variant, src, rows, c, s_row, s_col, pre, q, step, bad):
         emulated_launcher("rows" if variant == "rows" else "cols", src, q, step, bad, pre)()
