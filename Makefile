@@ -23,7 +23,7 @@ demo-ray: $(STAMP)
 # two pytest workers, a test module whole on one (its fixtures built once): the Ray scenario tests spend much of
 # their time waiting (cluster start-up, a lost node's detection, a resize), which the other worker fills
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadfile
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV)

@@ -8,9 +8,9 @@ import argparse
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from replay.console import replay_main
-    return replay_main(args.run, args.until_step, args.from_checkpoint, args.device, args.corpus,
-                       not args.no_progress, args.threads, args.backend)
+    from replay.console import ReplayOptions, replay_main
+    return replay_main(args.run, ReplayOptions(args.until_step, args.from_checkpoint, args.device, args.backend,
+                                               args.corpus, not args.no_progress, args.threads))
 
 
 def add_replay_command(asub: argparse._SubParsersAction) -> None:
@@ -32,9 +32,9 @@ def add_replay_command(asub: argparse._SubParsersAction) -> None:
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from replay.batch import batch_main
-    return batch_main(args.run, args.steps, args.segment, args.address, args.device, args.resources, args.kind,
-                      args.kind_override, args.num_cpus, not args.no_progress)
+    from replay.batch import BatchOptions, batch_main
+    return batch_main(args.run, BatchOptions(args.steps, args.segment, args.address, args.device, args.resources,
+                                             args.kind, args.kind_override, args.num_cpus, not args.no_progress))
 
 
 def _coverage(args: argparse.Namespace) -> int:

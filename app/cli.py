@@ -1,8 +1,10 @@
-"""`python -m app <group> <command>`: parses arguments and delegates; no logic lives here."""
+"""`python -m app <group> <command>` (or `auditable <group> <command>`): parses arguments, builds the typed
+options, and delegates; no logic lives here."""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -11,27 +13,38 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    if not args.workers and args.dp_shard != 1:
+    """Builds the run's config and options once; the trainers take them as they are."""
+    from training.config import Topology
+    from training.presets import run_config
+    from training.train import TrainOptions
+
+    if args.workers and (args.topology is not None or args.device not in (None, "cpu")):
+        print("error: --workers: the topology is the real one ((world / --dp-shard) x --dp-shard) and workers "
+              "run on CPU (gloo); drop --topology/--device", file=sys.stderr)
+        return 2
+    if not args.workers and args.dp_shard not in (None, 1):
         print("error: --dp-shard: only with --workers (without it, give --topology RxS)", file=sys.stderr)
         return 2
+    cfg = run_config(args.config, args.micro_batch, args.corpus)
+    topology = {"topology": Topology.parse(args.topology)} if args.topology is not None else {}
+    opts = TrainOptions(args.steps, progress=not args.no_progress and not args.workers, **topology,
+                        **_given(args, "checkpoint_every", "eval_every", "device", "backend", "threads"))
     if args.workers:
-        if args.topology != "1x1" or args.device != "cpu":
-            print("error: --workers: the topology is the real one ((world / --dp-shard) x --dp-shard) and workers "
-                  "run on CPU (gloo); drop --topology/--device", file=sys.stderr)
-            return 2
-        from training.ray_train import main as ray_train
-        return ray_train(args.config, args.steps, args.out, args.workers, args.resume, args.checkpoint_every,
-                         args.eval_every, args.micro_batch, args.corpus, args.threads, args.address,
-                         args.max_failures, args.dp_shard)
+        from training.ray_train import ClusterOptions, main as ray_train, parse_workers
+        cluster = ClusterOptions(parse_workers(args.workers), **_given(args, "address", "max_failures", "dp_shard"))
+        return ray_train(cfg, args.out, opts, cluster, args.resume)
     from training.train import main as train
-    return train(args.config, args.steps, args.out, args.resume, args.checkpoint_every, args.eval_every,
-                 args.topology, args.micro_batch, args.corpus, args.device, not args.no_progress, args.threads,
-                 args.backend)
+    return train(cfg, args.out, opts, args.resume)
 
 
 def _report(args: argparse.Namespace) -> int:
     from training.report import main as report
     return report(args.run, args.steady_after)
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict:
+    """The options the command line set; the rest keep their dataclass's defaults (stated there only)."""
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -40,22 +53,22 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--steps", type=int, required=True, help="train until this many steps are done")
     t.add_argument("--out", required=True, help="run directory (never overwritten; see --resume)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    t.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
-    t.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations (default 50)")
-    t.add_argument("--topology", default="1x1", help="virtual data-parallel mesh dp_replicate x dp_shard, e.g. 2x2")
+    t.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (0: only the last)")
+    t.add_argument("--eval-every", type=int, help="steps between held-out evaluations (0: none)")
+    t.add_argument("--topology", help="virtual data-parallel mesh dp_replicate x dp_shard, e.g. 2x2")
     t.add_argument("--micro-batch", type=int, default=None, help="sequences per microbatch (default: the config's)")
     t.add_argument("--corpus", default=None, help="corpus directory (default: the config's)")
-    t.add_argument("--device", default="cpu", help="cpu or cuda")
-    t.add_argument("--backend", default="ref", choices=("ref", "triton"),
+    t.add_argument("--device", help="cpu (default) or cuda")
+    t.add_argument("--backend", choices=("ref", "triton"),
                    help="op library: ref (kernels/ref) or triton (the Triton twins on CUDA); the bits are the same")
     t.add_argument("--no-progress", action="store_true", help="no live progress display")
-    t.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")
+    t.add_argument("--threads", type=int, help="torch CPU threads (0: torch's default); bits do not change")
     t.add_argument("--workers", default=None, help="train on Ray Train workers: N or MIN:MAX (elastic); "
                    "default: this process only")
     t.add_argument("--address", default=None, help="with --workers: Ray cluster address (default: RAY_ADDRESS, "
                    "else a running local cluster, else a new one)")
-    t.add_argument("--max-failures", type=int, default=3, help="with --workers: worker-group restarts allowed")
-    t.add_argument("--dp-shard", type=int, default=1, help="with --workers: HSDP, workers per replica that shard "
+    t.add_argument("--max-failures", type=int, help="with --workers: worker-group restarts allowed")
+    t.add_argument("--dp-shard", type=int, help="with --workers: HSDP, workers per replica that shard "
                    "the optimizer state (topology (workers / S) x S; default 1: plain data parallelism)")
     t.set_defaults(func=_train)
     r = sub.add_parser("report", help="plots and gradient-norm statistics of a run")
@@ -159,7 +172,9 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m app", description="Auditable LLM training.")
+    name = Path(sys.argv[0]).name
+    prog = "python -m app" if name in ("__main__.py", "-c", "") else name  # or the console script, `auditable`
+    p = argparse.ArgumentParser(prog=prog, description="Auditable LLM training.")
     sub = p.add_subparsers(dest="group", required=True)
     demo = sub.add_parser("demo", help="the whole story on the embedded corpus: a local Ray cluster, elastic "
                           "training of the tiny model, a batch audit of every step, the run's verdict")

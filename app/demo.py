@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +55,7 @@ def train_elastic(cluster, cfg: RunConfig, out: Path, steps: int, grow_at: int |
     (so the grown group resumes there, unless the resize takes longer than `checkpoint_every` steps)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from training.checkpoint import list_checkpoints
+    from training.rundir import list_checkpoints
     from app.local_cluster import WORKER_RESOURCES
     from training.ray_train import train_ray
     from training.train import TrainOptions
@@ -98,7 +97,7 @@ def story(cfg: RunConfig, out: str | Path, steps: int = 200, grow_at: int | None
     from rich.console import Console
 
     from app.local_cluster import LocalCluster
-    from replay.batch import run_batch
+    from replay.batch import BatchOptions, run_batch
     from replay.coverage import coverage_of, draw_coverage, print_coverage
 
     console = console or Console(soft_wrap=True)
@@ -108,7 +107,7 @@ def story(cfg: RunConfig, out: str | Path, steps: int = 200, grow_at: int | None
                       f"a second slot joins after step {grow_at}")
         summary, grew_at = train_elastic(cluster, cfg, out, steps, grow_at, console, eval_every=eval_every)
         console.print(f"run {out}: {summary['steps']} steps, {_worker_groups(out)}; {_losses(out)}")
-        job = run_batch(out, ":", progress=progress, console=console)  # every step, on the same cluster
+        job = run_batch(out, BatchOptions(progress=progress), console=console)  # every step, on the same cluster
         console.print(f"audit job {job.job_id}: {len(job.rows)} segments; certificates {job.path}")
     cov = coverage_of(out)
     print_coverage(cov, console)
@@ -118,7 +117,7 @@ def story(cfg: RunConfig, out: str | Path, steps: int = 200, grow_at: int | None
 
 def _losses(run: Path) -> str:
     """'loss 8.329 -> 6.724' over the whole hash log (a resumed group's summary sees only its own steps)."""
-    from training.hashlog import read_jsonl
+    from training.rundir import read_jsonl
 
     recs = [r for r in read_jsonl(run / "hashlog.jsonl") if r["step"] >= 0]
     return f"loss {recs[0]['loss']:.3f} -> {recs[-1]['loss']:.3f}"
@@ -126,7 +125,7 @@ def _losses(run: Path) -> str:
 
 def _worker_groups(run: Path) -> str:
     """'workers: 1 from step 0, 2 from step 100' from the run's metrics."""
-    from training.hashlog import read_jsonl
+    from training.rundir import read_jsonl
     from training.train import METRICS
 
     groups = [r for r in read_jsonl(run / METRICS) if r.get("event") == "workers"]
@@ -138,8 +137,9 @@ def main(steps: int = 200, out: str | None = None, workers: str | None = None, l
     from kernels.selfcheck import main as selfcheck
     from stream import data_cli
 
-    from training import report, train
     from replay.coverage import exit_code
+    from training import report, train
+    from training.train import TrainOptions
 
     if selfcheck([]):
         return 1
@@ -147,20 +147,22 @@ def main(steps: int = 200, out: str | None = None, workers: str | None = None, l
     if not (corpus / "manifest.json").is_file():
         data_cli.build_demo_main(str(corpus), TINY.model.vocab_size)
     run = out or _free_run_dir()
+    opts = TrainOptions(steps, checkpoint_every=100, eval_every=25)
     if local:
-        train.main("tiny", steps, run, checkpoint_every=100, eval_every=25)
+        train.main(TINY, run, opts)
         return report.main(run)
+    # micro_batch 1: the tiny batch of 2 windows splits over 2 workers
+    cfg = TINY.replace(**{"train.micro_batch": 1})
     if workers:  # a fixed worker count on a plain local Ray instance (docs/cluster.md)
         import ray
 
         from training import ray_train
         try:
-            ray_train.main("tiny", steps, run, workers, checkpoint_every=100, eval_every=25, micro_batch=1, threads=1)
+            cluster = ray_train.ClusterOptions(ray_train.parse_workers(workers))
+            ray_train.main(cfg, run, TrainOptions(steps, 100, 25, progress=False, threads=1), cluster)
         finally:
             ray.shutdown()
         return report.main(run)
-    # micro_batch 1: the tiny batch of 2 windows splits over 2 workers
-    cfg = TINY.replace(**{"train.micro_batch": 1})
     outcome = story(cfg, run, steps, grow_at=min(GROW_AT, steps // 2))
     report.main(run)
     return exit_code(outcome.coverage.verdict)

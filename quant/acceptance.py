@@ -1,4 +1,4 @@
-"""Issue 9's acceptance on the project's own trained MoE; writes docs/quant.md and docs/results/arvq-acceptance.json.
+"""The ARVQ acceptance run on the project's own trained MoE; writes docs/quant.md and docs/results/arvq-acceptance.json.
 
     .venv/bin/python -m quant.acceptance --model runs/tiny-moe-arvq --work runs/arvq-acceptance
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     weights.update(scalar_baselines(donor, cold, data))
     for k in ("arvq_init", "arvq_pv", "arvq_pv_same_input", "arvq_pv_scales_fast"):
         weights[k] = {l: L.weights_of(store.load_layer(variants[k].out, l), cold[l]) for l in cold}
-    ce = {"donor (training.evaluate)": heldout_ce(donor.params, donor.cfg, held)}
+    ce = {"donor": heldout_ce(donor.params, donor.cfg, held)}
     ce.update({k: hybrid_ce(donor, held, w) for k, w in weights.items()})
     rows = []
     for layer in sorted(recs["arvq_pv"]):

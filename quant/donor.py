@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from training.checkpoint import ckpt_dir, list_checkpoints, read_manifest, verify_files
+from training.checkpoint import read_manifest, verify_files
+from training.rundir import ckpt_dir, list_checkpoints
 from training.config import RunConfig, from_dict
 from training.layers import ffn
 from training.model import attention_block, rope_for

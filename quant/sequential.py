@@ -13,7 +13,6 @@ first unpublished layer. Events: OUT/run_log.jsonl, one JSON object per line.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from quant.objective import SPLITS, row_weights
 from quant.expert_sum import Reducer
 from quant.experts import PROJS
 from quant.pv import PVConfig, Tuner
+from stream.fileio import atomic_write_bytes
 
 CACHE = "cache"
 
@@ -75,20 +75,11 @@ def _json(o):
     return float(o)
 
 
-def _atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _save_cache(out: Path, layer: int, traj: dict) -> str:
     data = st_save({f"{s}/{k}": t.contiguous() for s, (hs, hr) in traj.items() for k, t in (("student", hs),
                                                                                               ("reference", hr))})
     (out / CACHE).mkdir(exist_ok=True)
-    _atomic(out / CACHE / f"after_{layer:04d}.safetensors", data)
+    atomic_write_bytes(out / CACHE / f"after_{layer:04d}.safetensors", data)
     return blake3.blake3(data).hexdigest()
 
 

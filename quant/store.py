@@ -9,7 +9,7 @@
 Before anything is written, a layer is serialized in memory, parsed back, and every expert's indices,
 codebooks and scales must round-trip exactly and a sample of decoded rows must match bit for bit.
 Writes are atomic: the layer's files go to a temporary directory that is renamed into place, then the
-manifest is replaced (os.replace); the manifest is the commit point. Loading checks the file's blake3
+manifest is replaced atomically; the manifest is the commit point. Loading checks the file's blake3
 before parsing it, and parses with safetensors only: nothing is unpickled. One writer per OUT.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from kernels.digest import bits_equal, first_mismatch, tensor_digest
 from quant.errors import FormatError, IntegrityError
 from quant.format import NAME, RVQProjection, bits_per_weight, decode
 from quant.packing import pack_nibbles, pack_tiles, unpack_nibbles, unpack_tiles
+from stream.fileio import atomic_directory, atomic_write_bytes
 
 LAYOUT_VERSION = 1
 TILE_LAYOUT = "m16n8k16_a_lane_pairs_v1"
@@ -101,21 +102,6 @@ def verify_round_trip(p: RVQProjection, back: RVQProjection, where: str) -> None
                                  f"first mismatch {first_mismatch(a, b)}")
 
 
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def read_manifest(out: str | Path) -> dict:
     """The manifest of OUT (an empty one when none exists yet); refuses unknown formats and versions."""
     path = Path(out) / MANIFEST
@@ -147,24 +133,18 @@ def write_layer(out: str | Path, layer: int, projections: dict[str, RVQProjectio
             "file": f"{layer_dir(layer)}/{proj}.safetensors", "blake3": blake3.blake3(data).hexdigest(),
             "bytes": len(data), "shape": [n, k], "experts": list(p.experts),
             "bits_per_weight": bits_per_weight(n, k, p.n_experts), "decoded_sample_blake3": _sample_digest(p)}
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{layer_dir(layer)}-", dir=out))
+    final = out / layer_dir(layer)
     old = None
     try:
-        for proj, data in blobs.items():
-            _fsync_write(tmp / f"{proj}.safetensors", data)
-        _fsync_dir(tmp)
-        final = out / layer_dir(layer)
-        if final.exists():
+        if final.exists():  # a republished layer: the old files go aside until the manifest no longer lists them
             old = Path(tempfile.mkdtemp(prefix=f".old-{layer_dir(layer)}-", dir=out))
             os.rename(final, old / "layer")
-        os.rename(tmp, final)
+        with atomic_directory(final) as tmp:
+            for proj, data in blobs.items():
+                (tmp / f"{proj}.safetensors").write_bytes(data)
         manifest["layers"][str(layer)] = entry
-        mtmp = out / f".{MANIFEST}.tmp"
-        _fsync_write(mtmp, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
-        os.replace(mtmp, out / MANIFEST)
-        _fsync_dir(out)
+        atomic_write_bytes(out / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     return entry

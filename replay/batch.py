@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from training.checkpoint import list_checkpoints
+from training.rundir import list_checkpoints
 from training.errors import AppError, ConfigError
 from replay.certificates import SCHEMA, RunLog, write_certificates
 
@@ -235,20 +235,31 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
 
 
-def run_batch(run: str | Path, steps: str = ":", segment: int | None = None, address: str | None = None,
-              device: str = "cpu", resources: str | dict | None = None, kind: str | None = None,
-              kind_override: str | None = None, num_cpus: int | None = None, progress: bool = True,
-              console=None) -> BatchOutcome:
-    """Audit `steps` of `run` on Ray Data and write the job's certificates; returns them."""
+@dataclass(frozen=True)
+class BatchOptions:
+    """What a batch audit covers and where its auditors run."""
+    steps: str = ":"  # A:B audits steps A..B-1 (":" every logged step)
+    segment: int | None = None  # steps per segment (None: the run's checkpoint spacing)
+    address: str | None = None  # Ray cluster address (None: start a local Ray instance)
+    device: str = "cpu"  # cuda: one GPU per auditor
+    resources: str | dict | None = None  # per-auditor Ray resources (JSON or a dict), replacing the default
+    kind: str | None = None  # run auditors only where the cluster advertises this custom resource
+    kind_override: str | None = None  # tests: simulate another hardware kind
+    num_cpus: int | None = None  # CPUs of a local Ray instance (None: all)
+    progress: bool = True
+
+
+def run_batch(run: str | Path, opts: BatchOptions = BatchOptions(), console=None) -> BatchOutcome:
+    """Audit `opts.steps` of `run` on Ray Data and write the job's certificates; returns them."""
     import ray
     from rich.console import Console
 
     console = console or Console(soft_wrap=True)
     run = Path(run).resolve()
     log = RunLog(run)
-    first, end = parse_steps(steps, log.n_steps)
+    first, end = parse_steps(opts.steps, log.n_steps)
     checkpoints = list_checkpoints(run)
-    k = segment if segment is not None else default_segment(checkpoints)
+    k = opts.segment if opts.segment is not None else default_segment(checkpoints)
     segs = plan_segments(first, end, k, checkpoints)
     unaligned = [(a, b) for a, b in segs if a not in checkpoints and a != 0]
     if unaligned:
@@ -257,12 +268,12 @@ def run_batch(run: str | Path, steps: str = ":", segment: int | None = None, add
                       f"checkpoint (first: step {unaligned[0][0]}); their auditors replay {warm} warm-up step(s) "
                       f"from earlier checkpoints that these certificates do not cover")
     job_id = new_job_id()
-    started = connect(address, num_cpus)
+    started = connect(opts.address, opts.num_cpus)
     try:
         cluster = ray.cluster_resources()
-        req = auditor_resources(device, kind, resources, cluster)
-        rows = _execute(run, segs, job_id, device, kind_override, req, pool_size(req, cluster, len(segs)),
-                        progress, console)
+        req = auditor_resources(opts.device, opts.kind, opts.resources, cluster)
+        rows = _execute(run, segs, job_id, opts.device, opts.kind_override, req, pool_size(req, cluster, len(segs)),
+                        opts.progress, console)
     finally:
         if started:
             ray.shutdown()
@@ -300,17 +311,14 @@ def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, device: str, k
     return sorted(rows, key=lambda r: r["first_step"])
 
 
-def batch_main(run: str, steps: str, segment: int | None = None, address: str | None = None, device: str = "cpu",
-               resources: str | None = None, kind: str | None = None, kind_override: str | None = None,
-               num_cpus: int | None = None, progress: bool = True) -> int:
+def batch_main(run: str, opts: BatchOptions) -> int:
     """`python -m app audit batch`: certificates, the merged coverage table and map; exit 0/1/2 (see docs)."""
     from rich.console import Console
 
     from replay.coverage import coverage_of, draw_coverage, print_coverage
 
     console = Console(soft_wrap=True)
-    out = run_batch(run, steps, segment, address, device, resources, kind, kind_override, num_cpus, progress,
-                    console)
+    out = run_batch(run, opts, console)
     verdicts = Counter(r["verdict"] for r in out.rows)
     console.print(f"job {out.job_id}: {len(out.rows)} segment(s), " +
                   ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + f"; certificates {out.path}")

@@ -8,15 +8,15 @@ Files live in RUN/audit/certificates/<job-id>.parquet, written to a temporary na
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import blake3
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stream.fileio import atomic_path
 from training.errors import AppError
-from training.hashlog import read_jsonl
+from training.rundir import read_jsonl
 
 CERT_DIR = Path("audit") / "certificates"
 HASHLOG = "hashlog.jsonl"
@@ -88,20 +88,13 @@ def cert_path(run: str | Path, job_id: str) -> Path:
 
 
 def write_certificates(run: str | Path, job_id: str, rows: list[dict]) -> Path:
-    """Write a job's certificates atomically (temp file, fsync, rename); refuses to overwrite a job's file."""
+    """Write a job's certificates atomically; refuses to overwrite a job's file."""
     path = cert_path(run, job_id)
     if path.exists():
         raise CertificateError(f"{path}: exists; a job id is used once")
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    pq.write_table(table, tmp)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
     return path
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.hashlog import HASHLOG, read_jsonl
+from training.rundir import HASHLOG, read_jsonl
 from training.state_hash import ZERO, chain
 from replay.errors import AuditRefused
 

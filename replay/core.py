@@ -13,7 +13,6 @@ tensor element with both values.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,17 +20,17 @@ from pathlib import Path
 import torch
 
 import stream
-from training import checkpoint as ckpt, devices
-from training.config import RunConfig, Topology, from_dict
-from training.errors import AppError, CheckpointError
 from kernels.digest import digest_many
-from training.hashlog import HASHLOG, read_jsonl
+from training import checkpoint as ckpt, devices, rundir
+from training.config import RunConfig, Topology
+from training.errors import AppError, CheckpointError, RunDirError
 from training.init import init_params
+from training.rundir import CONFIG, HASHLOG, read_jsonl
 from training.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
 from training.step import StepContext, StepResult, TrainState, run_step
 from replay.diff import first_in
 from replay.errors import AuditRefused
-from replay.rundesc import check_collectives, check_copies, check_corpus, read_run_json
+from replay.rundesc import check_collectives, check_copies, check_corpus
 
 STAGES = ("init", "forward", "loss", "backward", "reduce", "clip", "optimizer", "state", "chain")
 # hash-log fields per stage, in computation order (digest keys are the log's `digests` names)
@@ -89,18 +88,17 @@ class _Run:
 def open_run(run: str | Path, corpus: str | Path | None = None) -> _Run:
     """Read and check a run directory for replay (rundesc's order of checks); AuditRefused names what failed."""
     path = Path(run)
-    if not (path / "config.json").is_file() or not (path / HASHLOG).is_file():
-        raise AuditRefused(f"{path}: not a run directory (needs config.json and hashlog.jsonl)")
+    if not (path / CONFIG).is_file() or not (path / HASHLOG).is_file():
+        raise AuditRefused(f"{path}: not a run directory (needs {CONFIG} and {HASHLOG})")
     records = read_jsonl(path / HASHLOG)
-    desc = read_run_json(path)
+    try:
+        desc = rundir.read_run_json(path)
+        cfg, config_json = rundir.read_config(path)
+    except RunDirError as e:
+        raise AuditRefused(str(e)) from None
     check_collectives(path, desc, records)
     if desc is not None:
         check_copies(path, desc)
-    config_text = (path / "config.json").read_text().strip()
-    cfg = from_dict(json.loads(config_text))
-    config_json = canonical_json(cfg.to_dict()).decode()
-    if config_json != config_text:
-        raise AuditRefused(f"{path / 'config.json'}: not the canonical JSON of a config (edited?)")
     by_step = {r["step"]: r for r in records}
     if sorted(by_step) != list(range(-1, len(records) - 1)):
         raise AuditRefused(f"{path / HASHLOG}: expected records of steps -1, 0, 1, ... in order")
@@ -154,7 +152,7 @@ def _stage_of(rec: dict, res: StepResult) -> tuple[str, str] | None:
 def _tensor_detail(r: _Run, ctx: StepContext, step: int, stage: str, rec: dict, res: StepResult,
                    state: TrainState) -> str:
     """The first differing element against the run's checkpoint of the state after `step`, where one exists."""
-    path = ckpt.ckpt_dir(r.path, step + 1)
+    path = rundir.ckpt_dir(r.path, step + 1)
     if stage not in ("reduce", "clip", "optimizer", "state") or not path.is_dir():
         return ""
     try:
@@ -209,9 +207,9 @@ def _compare(r: _Run, ctx: StepContext, rec: dict, res: StepResult, sdig: bytes,
 
 def _start(r: _Run, ctx: StepContext, first_step: int, device: str) -> tuple[TrainState, bytes, Mismatch | None]:
     """The replay's start: the latest checkpoint at or before `first_step`, else the initialization."""
-    cps = [c for c in ckpt.list_checkpoints(r.path) if 0 < c <= first_step]
+    cps = [c for c in rundir.list_checkpoints(r.path) if 0 < c <= first_step]
     if cps:
-        path = ckpt.ckpt_dir(r.path, cps[-1])
+        path = rundir.ckpt_dir(r.path, cps[-1])
         state, manifest = ckpt.load_checkpoint(path, ctx.specs, r.code, device)  # refuses a bad file, naming it
         if canonical_json(manifest["config"]).decode() != r.config_json:
             raise CheckpointError(f"{path / ckpt.MANIFEST}: another run's config")
@@ -221,12 +219,11 @@ def _start(r: _Run, ctx: StepContext, first_step: int, device: str) -> tuple[Tra
             r.stream.restore(st)
         except stream.StreamError as e:
             raise AuditRefused(f"{path / ckpt.MANIFEST}: stream state does not fit the corpus ({e})") from None
-        rec = r.records[state.step - 1]
-        for key, stage in (("state_hash", "state"), ("chain_hash", "chain")):
-            if manifest[key] != rec.get(key):
-                return state, b"", Mismatch(state.step - 1, stage, f"checkpoint {path.name} has {key} {manifest[key]}, "
-                                                                   f"the log's record of step {state.step - 1} "
-                                                                   f"{rec.get(key)}")
+        if (key := rundir.disagreement(r.records, state.step, manifest)) is not None:
+            logged = r.records[state.step - 1].get(key)
+            stage = {"state_hash": "state", "chain_hash": "chain"}[key]
+            return state, b"", Mismatch(state.step - 1, stage, f"checkpoint {path.name} has {key} {manifest[key]}, "
+                                                               f"the log's record of step {state.step - 1} {logged}")
         return state, bytes.fromhex(manifest["chain_hash"]), None
     rec = r.records[-1]
     params = init_params(r.cfg.model, r.cfg.train.seed, ctx.device)

@@ -7,13 +7,13 @@ A segment certified MATCH on two or more hardware kinds is cross-hardware.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from replay.certificates import RunLog, load_valid
+from stream.fileio import atomic_path
 
 UNCOVERED, MATCH, MISMATCH = 0, 1, 2
 PNG = Path("audit") / "coverage.png"
@@ -174,10 +174,9 @@ def draw_coverage(cov: Coverage, path: str | Path | None = None) -> Path:
                        Patch(color=colors[UNCOVERED], label="uncovered")], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

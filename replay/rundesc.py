@@ -21,23 +21,9 @@ from training.errors import AppError
 from replay.errors import AuditRefused
 from stream.fileio import blake3_file
 from stream.manifest import MANIFEST_NAME, load_manifest
+from training.rundir import HASHLOG, RUN_JSON
 
-RUN_JSON = "run.json"
 REPLAYABLE = ("exact", "ordered")
-
-
-def read_run_json(run: Path) -> dict | None:
-    """run.json of `run` (None for a run recorded before run directories described themselves)."""
-    path = run / RUN_JSON
-    if not path.is_file():
-        return None
-    try:
-        desc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AuditRefused(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(desc, dict):
-        raise AuditRefused(f"{path}: expected a JSON object")
-    return desc
 
 
 def check_collectives(run: Path, desc: dict | None, records: list[dict]) -> None:
@@ -50,7 +36,7 @@ def check_collectives(run: Path, desc: dict | None, records: list[dict]) -> None
                                f"(replayable: {list(REPLAYABLE)})")
     for r in records:
         if r.get("collectives") == "native" or r.get("auditable") is False:
-            raise AuditRefused(f"{run / 'hashlog.jsonl'}: step {r.get('step')} was recorded with collectives "
+            raise AuditRefused(f"{run / HASHLOG}: step {r.get('step')} was recorded with collectives "
                                f"{r.get('collectives')!r} (auditable {r.get('auditable')!r}): non-deterministic, "
                                f"not replayable bitwise")
 

@@ -1,9 +1,14 @@
-"""Atomic writes and blake3 digests of files: every file the stream writes goes through here."""
+"""Atomic writes and blake3 digests of files: every file the project writes (stream, run directories,
+checkpoints, certificates, ARVQ layers) goes through here, so a reader never sees half a file or half a
+directory."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import blake3
@@ -23,22 +28,58 @@ def blake3_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, durable: bool = True) -> None:
-    """Write to a temporary file in the same directory, fsync (unless not `durable`), then os.replace:
-    readers never see half a file."""
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a directory (a directory's entries: a rename in it survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path, durable: bool = True) -> Iterator[Path]:
+    """A temporary sibling of `path` for a writer that needs a file name (parquet, safetensors, a PNG): on
+    success fsynced (unless not `durable`) and renamed onto `path`; on any error removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide shards and manifests from other users
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
+        yield Path(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other users
+        if durable:
+            fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, durable: bool = True) -> None:
+    """Write `data` to `path` through a temporary file: readers never see half a file."""
+    with atomic_path(path, durable) as tmp:
+        tmp.write_bytes(data)
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """A temporary sibling directory to fill; on success every file in it and the directory are fsynced and it
+    is renamed to `path`, which must not exist: the directory appears whole or not at all. On error removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                fsync_path(f)
+        os.chmod(tmp, 0o755)
+        fsync_path(tmp)
+        os.rename(tmp, path)  # fails if `path` appeared meanwhile: nothing is overwritten
+        fsync_path(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

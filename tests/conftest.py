@@ -55,3 +55,16 @@ def one_thread():
 def tiny1(tiny: RunConfig) -> RunConfig:
     """tiny with one window per microbatch: what real workers need to split its batch of 2 windows."""
     return tiny.replace(**{"train.micro_batch": 1})
+
+
+# The heaviest test files, heaviest first (seconds on a 2-core machine, `make test` with --durations=0): xdist hands
+# files to its two workers in collection order (--no-loadscope-reorder), and a 300-s file that starts last makes the
+# suite wait for it alone. Everything else keeps pytest's order after these.
+HEAVIEST_FIRST = ("tests/app/test_demo_story.py", "tests/training/test_train.py", "tests/training/test_ray_elastic.py",
+                  "tests/training/test_ray_hsdp.py", "tests/training/test_ray_train.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    root = Path(__file__).resolve().parent.parent
+    items.sort(key=lambda item: rank.get(Path(item.fspath).resolve().relative_to(root).as_posix(), len(rank)))

@@ -14,8 +14,6 @@ recomputes the state hash from what it loaded: a checkpoint that does not hash t
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import struct
 from pathlib import Path
 
@@ -23,9 +21,11 @@ import blake3
 import torch
 from safetensors.torch import load_file, save_file
 
+from stream.fileio import atomic_directory
 from training.errors import CheckpointError, IntegrityError
 from training.optim import SpikeState
 from training.params import ParamSpec
+from training.rundir import ckpt_dir
 from training.state_hash import canonical_json, state_entries, state_hash
 from training.step import TrainState
 
@@ -35,35 +35,11 @@ MANIFEST = "manifest.json"
 _PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch.save's zip container
 
 
-def ckpt_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step-{step:012d}"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[int]:
-    """Completed checkpoints of a run (their step counts), ascending; temporary directories are ignored."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    out = []
-    for p in root.iterdir():
-        if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit():
-            out.append(int(p.name[5:]))
-    return sorted(out)
-
-
 def file_digest(path: Path) -> str:
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
     if path.stat().st_size:
         h.update_mmap(path)
     return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(run_dir: str | Path, state: TrainState, config: dict, code: str, stream_state: dict,
@@ -72,28 +48,20 @@ def save_checkpoint(run_dir: str | Path, state: TrainState, config: dict, code: 
     final = ckpt_dir(run_dir, state.step)
     if final.exists():
         raise CheckpointError(f"{final}: a checkpoint for step {state.step} exists; refusing to overwrite it")
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     groups = {"params.safetensors": state.params,
               "optim.safetensors": {**{f"m/{k}": t for k, t in state.m.items()},
                                     **{f"v/{k}": t for k, t in state.v.items()}},
               "grads.safetensors": state.grads}
-    digests = {}
-    for name, tensors in groups.items():
-        path = tmp / name
-        save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, str(path))
-        _fsync(path)
-        digests[name] = file_digest(path)
-    manifest = {"schema": SCHEMA, "step": state.step, "tokens": state.tokens, "adam_step": state.adam_step,
-                "spike": state.spike.as_dict(), "config": config, "code_version": code, "stream_state": stream_state,
-                "files": digests, "state_hash": state_digest, "chain_hash": chain_digest}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    _fsync(tmp / MANIFEST)
-    _fsync(tmp)
-    os.rename(tmp, final)  # atomic on POSIX: the checkpoint appears whole or not at all
-    _fsync(final.parent)
+    with atomic_directory(final) as tmp:  # a crash leaves the whole checkpoint or none
+        digests = {}
+        for name, tensors in groups.items():
+            save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, str(tmp / name))
+            digests[name] = file_digest(tmp / name)
+        manifest = {"schema": SCHEMA, "step": state.step, "tokens": state.tokens, "adam_step": state.adam_step,
+                    "spike": state.spike.as_dict(), "config": config, "code_version": code,
+                    "stream_state": stream_state, "files": digests, "state_hash": state_digest,
+                    "chain_hash": chain_digest}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return final
 
 

@@ -51,3 +51,13 @@ def preset(name: str) -> RunConfig:
     if name not in PRESETS:
         raise ConfigError(f"--config: expected one of {sorted(PRESETS)}, got {name!r}")
     return PRESETS[name]
+
+
+def run_config(name: str, micro_batch: int | None = None, corpus: str | None = None) -> RunConfig:
+    """The named preset with the command line's overrides (None: the preset's own value)."""
+    cfg = preset(name)
+    if micro_batch is not None:
+        cfg = cfg.replace(**{"train.micro_batch": micro_batch})
+    if corpus is not None:
+        cfg = cfg.replace(**{"train.corpus": corpus})
+    return cfg

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # Ray Train V2 (elastic ScalingConfig) in ray 2.60
@@ -43,7 +44,7 @@ import torch
 
 from training.config import RunConfig, Topology, from_dict
 from training.errors import ConfigError
-from training.hashlog import read_jsonl
+from training.rundir import read_jsonl
 from training.train import METRICS, TrainOptions, Trainer
 
 
@@ -105,6 +106,15 @@ class RayTrainer(Trainer):
                    "chain_hash": self.prev.hex() if self.writer else None}  # only rank 0 hashes the state
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)) if path else None)
         return path
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where and how wide a run trains on Ray Train."""
+    workers: tuple[int, int]  # (MIN, MAX) workers; MIN == MAX: a fixed group
+    address: str | None = None  # Ray cluster address (None: RAY_ADDRESS, else a running local one, else a new one)
+    max_failures: int = 3  # worker-group restarts allowed
+    dp_shard: int = 1  # HSDP: workers per replica that shard the optimizer state
 
 
 def parse_workers(text: str) -> tuple[int, int]:
@@ -201,22 +211,14 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
     return ends[-1]
 
 
-def main(config: str, steps: int, out: str, workers: str, resume: bool = False, checkpoint_every: int = 100,
-         eval_every: int = 50, micro_batch: int | None = None, corpus: str | None = None, threads: int = 0,
-         address: str | None = None, max_failures: int = 3, dp_shard: int = 1) -> int:
+def main(cfg: RunConfig, out: str | Path, opts: TrainOptions, cluster: ClusterOptions, resume: bool = False) -> int:
     """`python -m app train --workers MIN:MAX [--dp-shard S] ...`: train on Ray Train, print the one-line summary."""
     from rich.console import Console
 
-    from training.presets import preset
-
-    cfg = preset(config)
-    if micro_batch is not None:
-        cfg = cfg.replace(**{"train.micro_batch": micro_batch})
-    if corpus is not None:
-        cfg = cfg.replace(**{"train.corpus": corpus})
-    opts = TrainOptions(steps, checkpoint_every, eval_every, Topology(), "cpu", progress=False)
-    s = train_ray(cfg, out, opts, parse_workers(workers), resume, address, max_failures, threads, dp_shard=dp_shard)
+    s = train_ray(cfg, out, opts, cluster.workers, resume, cluster.address, cluster.max_failures, opts.threads,
+                  dp_shard=cluster.dp_shard)
+    lo, hi = cluster.workers
     Console(soft_wrap=True).print(
-        f"run {s['run']}: {s['steps']} steps on Ray workers {workers} (dp_shard {dp_shard}), {s['tokens']:,} tokens, "
-        f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, run hash {s['run_hash']}")
+        f"run {s['run']}: {s['steps']} steps on Ray workers {lo}:{hi} (dp_shard {cluster.dp_shard}), "
+        f"{s['tokens']:,} tokens, loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, run hash {s['run_hash']}")
     return 0

@@ -2,7 +2,6 @@
 statistics, and per-layer weight norms (the report's figure 4), as PNGs plus report.json."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -11,8 +10,9 @@ matplotlib.use("Agg")  # files only: no display on CI or a cluster node
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from stream.fileio import atomic_path, atomic_write_json  # noqa: E402
 from training.errors import RunDirError  # noqa: E402
-from training.hashlog import HASHLOG, METRICS, read_jsonl  # noqa: E402
+from training.rundir import HASHLOG, METRICS, read_jsonl  # noqa: E402
 
 
 def _steps(run: Path) -> list[dict]:
@@ -46,7 +46,8 @@ def plot_losses(run: str | Path, path: str | Path | None = None) -> Path:
     ax.legend()
     out = Path(path) if path else run / "loss.png"
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return out
 
@@ -87,7 +88,8 @@ def plot_grad_norms(run: Path, recs: list[dict]) -> Path:
     fig.suptitle(f"{run.name}: gradient norm")
     fig.tight_layout()
     out = run / "grad_norm.png"
-    fig.savefig(out, dpi=120)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return out
 
@@ -121,7 +123,8 @@ def plot_weight_norms(run: Path, evals: list[dict]) -> Path | None:
     fig.suptitle(f"{run.name}: weight norms per layer")
     fig.tight_layout()
     out = run / "weight_norms.png"
-    fig.savefig(out, dpi=120)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return out
 
@@ -140,7 +143,7 @@ def report(run: str | Path, steady_after: int | None = None) -> dict:
     w = plot_weight_norms(run, evals)
     if w:
         out["files"].append(str(w))
-    (run / "report.json").write_text(json.dumps(out, indent=1))
+    atomic_write_json(run / "report.json", out)
     return out
 
 

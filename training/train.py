@@ -9,7 +9,6 @@ it was is kept aside as hashlog.before-resume-<n>.jsonl.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,58 +16,28 @@ from pathlib import Path
 import torch
 
 import stream
-from training import checkpoint as ckpt, devices
-from training.config import RunConfig, Topology, from_dict
+from kernels.digest import digest_many
+from training import checkpoint as ckpt, devices, rundir
+from training.config import RunConfig, Topology
+from training.deferred_hash import QueuedHash, StateHashReader, queue_state_hash
 from training.errors import ConfigError, DivergenceError, IntegrityError, RunDirError
 from training.evaluate import heldout_ce, heldout_tokens, weight_norms
-from training.hashlog import HASHLOG, METRICS, JsonlLog, read_jsonl, rewrite_jsonl
 from training.init import init_params
-from training.deferred_hash import QueuedHash, StateHashReader, queue_state_hash
+from training.rundir import HASHLOG, METRICS, JsonlLog, read_jsonl
 from training.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
 from training.step import StepContext, StepResult, TrainState, run_step
-from kernels.digest import digest_many
 
-CONFIG = "config.json"
-RUN_JSON = "run.json"
-
-
-def write_run_json(out: Path, cfg_json: str, code: str, manifest, collectives: str) -> Path:
-    """RUN/run.json (what an auditor checks before replaying) plus RUN/data/ copies of the corpus manifest and
-    tokenizer, each with its blake3; written temp-then-rename. `collectives`: "exact" / "ordered" (replayable)
-    or "native" (non-deterministic: the replay refuses the run)."""
-    import blake3
-    import os
-    import shutil
-
-    from stream.fileio import atomic_write_json, blake3_file
-
-    files = {}
-    for rel in ("manifest.json", manifest.tokenizer_path):
-        dst = out / "data" / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.tmp")
-        shutil.copyfile(manifest.root / rel, tmp)
-        os.replace(tmp, dst)
-        files[f"data/{rel}"] = blake3_file(dst)
-    files[CONFIG] = blake3_file(out / CONFIG)
-    desc = {"format": "run/1", "collectives": collectives, "auditable": collectives != "native",
-            "code_version": code, "config_blake3": blake3.blake3(cfg_json.encode()).hexdigest(),
-            "corpus": {"path": str(manifest.root), "manifest_blake3": manifest.digest,
-                       "tokenizer_path": manifest.tokenizer_path, "tokenizer_blake3": manifest.tokenizer_blake3},
-            "files": files}
-    atomic_write_json(out / RUN_JSON, desc)
-    return out / RUN_JSON
-
-
-@dataclass
+@dataclass(frozen=True)
 class TrainOptions:
-    steps: int
-    checkpoint_every: int = 100
-    eval_every: int = 50
-    topology: Topology = Topology()
+    """How a run is trained, as against what it computes (RunConfig): none of these changes a bit of the log."""
+    steps: int  # train until this many steps are done
+    checkpoint_every: int = 100  # steps between checkpoints (0: only the last)
+    eval_every: int = 50  # steps between held-out evaluations (0: none)
+    topology: Topology = Topology()  # the virtual data-parallel mesh of a one-process run
     device: str = "cpu"
     progress: bool = True
     backend: str = "ref"  # kernels.backend: "triton" runs the Triton twins on CUDA; the bits are the same
+    threads: int = 0  # torch CPU threads (0: torch's default)
 
 
 def _record(r: StepResult, tokens: int, state_digest: bytes, chain_digest: bytes) -> dict:
@@ -138,20 +107,12 @@ class Trainer:
         if not resume and not self.writer:
             raise RunDirError(f"{self.out}: a process that does not write the run directory can only resume it")
         if resume:
-            if not (self.out / CONFIG).is_file():
-                raise RunDirError(f"{self.out}: --resume needs an existing run directory with {CONFIG}")
-            saved = from_dict(json.loads((self.out / CONFIG).read_text()))
-            if canonical_json(saved.to_dict()) != canonical_json(self.cfg.to_dict()):
-                raise ConfigError(f"{self.out / CONFIG}: the run was started with another config; resume with it")
-            return
-        if self.out.exists():
-            raise RunDirError(f"{self.out}: exists; refusing to overwrite a run (pass --resume to continue it, "
-                              f"or choose another --out)")
-        self.out.mkdir(parents=True)
-        (self.out / CONFIG).write_text(self.config_json + "\n")
+            rundir.check_resumable(self.out, self.cfg)
+        else:
+            rundir.create(self.out, self.config_json)
 
     def _fresh(self) -> tuple[TrainState, bytes]:
-        write_run_json(self.out, self.config_json, self.code, self.stream.manifest, self.cfg.train.reduction)
+        rundir.write_run_json(self.out, self.config_json, self.code, self.stream.manifest, self.cfg.train.reduction)
         params = init_params(self.cfg.model, self.cfg.train.seed, self.ctx.device)
         state = TrainState.fresh(params)
         sdig = state_hash(state_entries(state, self.config_json, self.code, self.stream.state(0)))
@@ -167,29 +128,22 @@ class Trainer:
         return state, prev
 
     def _resume(self) -> tuple[TrainState, bytes]:
-        steps = ckpt.list_checkpoints(self.out)
+        steps = rundir.list_checkpoints(self.out)
         if not steps:
             raise RunDirError(f"{self.out}: no checkpoint to resume from")
-        path = ckpt.ckpt_dir(self.out, steps[-1])
+        path = rundir.ckpt_dir(self.out, steps[-1])
         state, manifest = ckpt.load_checkpoint(path, self.ctx.specs, self.code, self.ctx.device)
         self.stream.restore(manifest["stream_state"])
         self.resumed_from = path
-        if not self.writer:  # the writer checks the log against the checkpoint and rewrites it
-            self.last_state_hash = manifest["state_hash"]
-            return state, bytes.fromhex(manifest["chain_hash"])
-        records = read_jsonl(self.out / HASHLOG)
-        keep = [r for r in records if r["step"] < state.step]
-        if not keep or keep[-1]["step"] != state.step - 1 or keep[-1]["chain_hash"] != manifest["chain_hash"]:
-            raise IntegrityError(self.out / HASHLOG, manifest["chain_hash"], keep[-1]["chain_hash"] if keep else "none",
-                                 f"the log's record of step {state.step - 1} does not match checkpoint {path.name}")
-        self.expected = {r["step"]: r for r in records if r["step"] >= state.step}
-        if self.expected:  # steps logged after the checkpoint: keep them aside, and re-check each as it recurs
-            n = 1
-            while (self.out / f"hashlog.before-resume-{n}.jsonl").exists():
-                n += 1
-            rewrite_jsonl(self.out / f"hashlog.before-resume-{n}.jsonl", records)
-        rewrite_jsonl(self.out / HASHLOG, keep)
         self.last_state_hash = manifest["state_hash"]
+        if not self.writer:  # the writer checks the log against the checkpoint and rewrites it
+            return state, bytes.fromhex(manifest["chain_hash"])
+        records = {r["step"]: r for r in read_jsonl(self.out / HASHLOG)}
+        if (key := rundir.disagreement(records, state.step, manifest)) is not None:
+            logged = records.get(state.step - 1, {}).get(key, "none")
+            raise IntegrityError(self.out / HASHLOG, manifest[key], logged,
+                                 f"the log's record of step {state.step - 1} does not match checkpoint {path.name}")
+        self.expected = rundir.cut_log_at(self.out, state.step)  # steps logged after it: re-checked as they recur
         self.metrics.append({"event": "resume", "from_step": state.step, "checkpoint": str(path),
                              "recheck_steps": len(self.expected), "time": time.time()})
         return state, bytes.fromhex(manifest["chain_hash"])
@@ -340,22 +294,12 @@ def train(cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = Fa
     return Trainer(cfg, out, opts, resume).run()
 
 
-def main(config: str, steps: int, out: str, resume: bool = False, checkpoint_every: int = 100, eval_every: int = 50,
-         topology: str = "1x1", micro_batch: int | None = None, corpus: str | None = None, device: str = "cpu",
-         progress: bool = True, threads: int = 0, backend: str = "ref") -> int:
+def main(cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False) -> int:
     """`python -m app train ...`: train, print the one-line summary with the run hash."""
     from rich.console import Console
 
-    from training.presets import preset
-
-    if threads:
-        torch.set_num_threads(threads)
-    cfg = preset(config)
-    if micro_batch is not None:
-        cfg = cfg.replace(**{"train.micro_batch": micro_batch})
-    if corpus is not None:
-        cfg = cfg.replace(**{"train.corpus": corpus})
-    opts = TrainOptions(steps, checkpoint_every, eval_every, Topology.parse(topology), device, progress, backend)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     s = train(cfg, out, opts, resume)
     held = (f", held-out CE {s['heldout_first']:.3f} -> {s['heldout_last']:.3f}"
             if s["heldout_first"] is not None else "")

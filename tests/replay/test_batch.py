@@ -12,7 +12,7 @@ import pytest
 
 from training.presets import TINY
 from training.train import TrainOptions, train
-from replay.batch import run_batch
+from replay.batch import BatchOptions, run_batch
 from replay.certificates import SCHEMA, RunLog, read_certificates
 from replay.coverage import coverage_of
 
@@ -22,7 +22,7 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray instance for the session, advertising two simulated hardware kinds."""
+    """One local Ray instance for this module's tests, advertising two simulated hardware kinds."""
     import ray
 
     ray.init(address="local", num_cpus=4, resources={"cpu_x86": 2, "cpu_arm": 2}, include_dashboard=False, log_to_driver=False)
@@ -40,7 +40,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _cli(argv: list[str]) -> int:
-    """`python -m app ...` in this process (so it uses the session's Ray instance)."""
+    """`python -m app ...` in this process (so it uses the module's Ray instance)."""
     from app.cli import main
 
     return main(argv)
@@ -61,7 +61,7 @@ def run12(corpus, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def audited(ray_cluster, run12):
     """The whole run audited once, on the cpu_x86 slots."""
-    return run_batch(run12, "0:12", segment=4, kind="cpu_x86", progress=False)
+    return run_batch(run12, BatchOptions("0:12", segment=4, kind="cpu_x86", progress=False))
 
 
 def test_three_segments_all_match_with_full_certificates(audited, run12):
@@ -82,7 +82,8 @@ def test_three_segments_all_match_with_full_certificates(audited, run12):
 
 
 def test_second_kind_merges_and_marks_cross_hardware(audited, run12):
-    job = run_batch(run12, "4:8", segment=4, resources={"cpu_arm": 1}, kind_override="cpu_arm", progress=False)
+    job = run_batch(run12, BatchOptions("4:8", segment=4, resources={"cpu_arm": 1}, kind_override="cpu_arm",
+                                         progress=False))
     assert [r["verdict"] for r in job.rows] == ["MATCH"] and job.rows[0]["kind_source"] == "override"
     cov = coverage_of(run12)
     assert cov.verdict == "VERIFIED: every step 0..11 certified MATCH"
@@ -111,7 +112,7 @@ def test_tampered_state_hash_fails_its_segment(ray_cluster, run12, tmp_path):
 
 def test_another_runs_certificates_are_ignored(audited, corpus, run12, tmp_path):
     other = _train(corpus, tmp_path / "other", 4, seed=7)
-    job = run_batch(other, "0:4", progress=False)
+    job = run_batch(other, BatchOptions("0:4", progress=False))
     assert [r["verdict"] for r in job.rows] == ["MATCH"]
     stray = run12 / "audit" / "certificates" / f"zz-other-{job.path.name}"
     shutil.copy(job.path, stray)

@@ -7,7 +7,7 @@ import blake3
 import pytest
 
 from app.cli import main
-from training.hashlog import JsonlLog
+from training.rundir import JsonlLog
 from replay.compare import broken_link, compare_logs
 from replay.errors import AuditRefused
 

@@ -1,4 +1,4 @@
-"""The training bit path uses only BR-safe primitives (the kernels' scanner, ARCHITECTURE.md point 2)."""
+"""The training bit path uses only BR-safe primitives (the kernels' scanner, docs/architecture.md, contract point 2)."""
 import os
 
 from kernels.br_scan import scan_source

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import checkpoint as ckpt
+from training import checkpoint as ckpt, rundir
 from training.config import ModelConfig, RunConfig
 from training.errors import CheckpointError, IntegrityError, RunDirError
 from training.init import init_params
@@ -36,7 +36,7 @@ def _load(path: Path):
 
 def test_round_trip_is_bit_exact(tmp_path):
     path, st = _saved(tmp_path)
-    assert path.name == "step-000000000007" and ckpt.list_checkpoints(tmp_path) == [7]
+    assert path.name == "step-000000000007" and rundir.list_checkpoints(tmp_path) == [7]
     got, manifest = _load(path)
     for a, b in ((got.params, st.params), (got.m, st.m), (got.v, st.v), (got.grads, st.grads)):
         assert digest_many(a) == digest_many(b)
@@ -97,7 +97,7 @@ def test_a_checkpoint_of_other_code_is_refused(tmp_path):
 
 def test_no_partial_checkpoint_is_ever_listed(tmp_path):
     (tmp_path / "checkpoints" / ".tmp-step-000000000009-1").mkdir(parents=True)
-    assert ckpt.list_checkpoints(tmp_path) == []
+    assert rundir.list_checkpoints(tmp_path) == []
 
 
 def test_an_existing_run_directory_is_never_overwritten(tiny, tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from training.errors import DivergenceError
-from training.hashlog import read_jsonl
+from training.rundir import read_jsonl
 from training.report import report
 from training.train import TrainOptions, train
 

@@ -3,11 +3,11 @@ from pathlib import Path
 
 import collectives
 
-FORBIDDEN = {"kernels", "stream", "app", "replay", "quant", "pickle", "ray"}
+FORBIDDEN = {"pickle", "ray"}  # the package layering itself: tests/test_layering.py
 
 
-def test_collectives_imports_none_of_the_other_packages():
-    """Dependencies point one way (ARCHITECTURE.md): collectives stands alone; spills never pickle; no ray import."""
+def test_collectives_import_no_ray_and_never_unpickle():
+    """Collectives run inside any process group: no ray import; spills never pickle."""
     for path in Path(collectives.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
