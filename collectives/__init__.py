@@ -1,7 +1,7 @@
 """Deterministic collectives: TreeFold, the recursive-doubling all-reduce, reduce-scatter/all-gather, the group.
 
-Imports none of kernels/stream/app/replay/quant (ARCHITECTURE.md): the few float adds here are plain
-elementwise torch `+` in a fixed order, which is BR-safe.
+Imports none of the project's other packages (docs/architecture.md, Layering): the few float adds here are
+plain elementwise torch `+` in a fixed order, which is BR-safe.
 """
 from .allreduce import all_reduce_, simulate_allreduce
 from .average import average_, reciprocal

@@ -32,7 +32,7 @@ class CollectiveGroup:
     """Deterministic collectives over a process group (the default one unless `group` is given).
 
     Wrapping a group made elsewhere (e.g. by Ray Train): call `warm_up()` once on every rank before the
-    first collective, and prefer groups initialized with device_id on NCCL (BR_FACTS.md).
+    first collective, and prefer groups initialized with device_id on NCCL (docs/architecture.md, measured facts).
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, native: bool = False, chunks: int = 1,
@@ -78,7 +78,7 @@ class CollectiveGroup:
                 raise ValueError(f"the nccl backend needs a cuda device, got {dev}")
             dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
             torch.cuda.set_device(dev)
-            kw["device_id"] = dev  # eager NCCL init; point-to-point needs it (BR_FACTS.md)
+            kw["device_id"] = dev  # eager NCCL init; point-to-point needs it (docs/architecture.md, measured facts)
         dist.init_process_group(**kw)
         g = cls(None, native=native, chunks=chunks, device=dev, _owns_default=True)
         g.warm_up()

@@ -11,7 +11,8 @@ def post(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.
          group: dist.ProcessGroup | None = None) -> list:
     """Post sends and receives (peers are group ranks) as one batch; returns the works to wait on.
 
-    Always batched: NCCL point-to-point is only reliable through batch_isend_irecv (BR_FACTS.md).
+    Always batched: NCCL point-to-point is only reliable through batch_isend_irecv (docs/architecture.md,
+    measured facts).
     """
     ops = [dist.P2POp(dist.isend, t, _global(p, group), group) for t, p in sends]
     ops += [dist.P2POp(dist.irecv, t, _global(p, group), group) for t, p in recvs]

@@ -1,4 +1,4 @@
-"""A static scan of kernels/ref for primitives the BR contract forbids (ARCHITECTURE.md, point 2).
+"""A static scan of kernels/ref for primitives the BR contract forbids (docs/architecture.md, contract point 2).
 
 Flagged: torch transcendental functions and float reductions, float matmul (`@`, matmul, linear...),
 FMA-prone ops, torch RNG, `**`, division by a numeric literal (CUDA multiplies by a reciprocal), and
@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 
 FORBIDDEN = {
-    # transcendental (differ across devices, BR_FACTS.md)
+    # transcendental (differ across devices: docs/architecture.md, measured facts)
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
     "sigmoid", "silu", "gelu", "pow", "float_power", "erf", "erfinv", "atan2", "softplus",
     # float reductions in device order

@@ -102,7 +102,7 @@ def sincos64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sqrt64_of_f32(x: torch.Tensor) -> torch.Tensor:
     """float64 sqrt of float32-representable values: correctly rounded (IEEE 754 requires it)."""
-    return torch.sqrt(x.to(F64))  # br-ok: float64 sqrt of float32 inputs, measured identical on x86/ARM/H200 (BR_FACTS)
+    return torch.sqrt(x.to(F64))  # br-ok: f64 sqrt of float32 values, identical on x86/ARM/H200 (docs/architecture.md)
 
 
 def _f32(op: str, x: torch.Tensor) -> None:

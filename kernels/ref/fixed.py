@@ -1,4 +1,4 @@
-"""Exact reductions through int64 fixed point (ARCHITECTURE.md, BR contract point 3).
+"""Exact reductions through int64 fixed point (docs/architecture.md, contract point 3).
 
 Addends are scaled by one power of two taken from an order-independent statistic (the exponent
 of the largest magnitude, computed exactly), rounded once to int64 and added as integers. Integer

@@ -30,7 +30,7 @@ def rope_tables(seq_len: int, head_dim: int, theta: float = 5e5,
     if not isinstance(theta, (int, float)) or not (math.isfinite(theta) and theta > 1):
         raise ValueError(f"rope_tables: argument 'theta' must be a finite float > 1, got {theta!r}")
     two_i = torch.arange(0, head_dim, 2, dtype=F64, device=device)
-    # tensor / tensor: a float64 division by a Python scalar differs between CPU and CUDA (BR_FACTS)
+    # tensor / tensor: a float64 division by a Python scalar differs between CPU and CUDA (docs/architecture.md)
     frac = two_i / torch.tensor(float(head_dim), dtype=F64, device=device)
     inv_freq = exp64(-(frac * log64(torch.tensor(float(theta), dtype=F64, device=device))))
     pos = torch.arange(seq_len, dtype=F64, device=device)

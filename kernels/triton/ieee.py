@@ -1,8 +1,9 @@
 """Correctly rounded and exact device building blocks shared by the Triton twins.
 
 Compiled: libdevice `div_rn` / `sqrt_rn` / `rint` (PTX div.rn, sqrt.rn, cvt.rni), never Triton's
-`/` (approximate for float32, BR_FACTS.md). Under TRITON_INTERPRET the interpreter has no libdevice,
-so numpy's IEEE division, sqrt and a half-to-even rint stand in (a logic check only).
+`/` (approximate for float32: docs/architecture.md, measured facts). Under TRITON_INTERPRET the
+interpreter has no libdevice, so numpy's IEEE division, sqrt and a half-to-even rint stand in (a logic
+check only).
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """When a twin runs its Triton kernel, and the compile options every launch must carry.
 
 Bit-relevant: every kernel is launched with `enable_fp_fusion=False`, so `a * b + c` stays a rounded
-multiply then a rounded add (Triton would otherwise contract it into an FMA; BR_FACTS.md), and with
-`enable_reflect_ftz=False`, so libdevice's float32 div_rn is `div.rn.f32`, not `div.rn.ftz.f32`
-(Triton's default flushes subnormals there; the reference keeps them, BR contract point 8).
+multiply then a rounded add (Triton would otherwise contract it into an FMA: docs/architecture.md,
+measured facts), and with `enable_reflect_ftz=False`, so libdevice's float32 div_rn is `div.rn.f32`, not
+`div.rn.ftz.f32` (Triton's default flushes subnormals there; the reference keeps them: docs/architecture.md,
+contract point 8).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every Triton twin vs the reference op on CUDA and on this machine's CPU: 0 mismatching bits.
 
-Inputs are fresh for each session (a random base seed, printed; set TRITON_PARITY_SEED to replay one),
+Inputs are fresh for each test run (a random base seed, printed; set TRITON_PARITY_SEED to replay one),
 drawn with our own Philox, at several shapes including non-powers of two, forward and backward.
 NaN payloads are not part of the contract (the CPU and CUDA references differ there): where both sides
 are NaN the element counts as equal; every other element compares raw bits.
@@ -514,7 +514,7 @@ def test_backend_namespace_runs_the_twins():
     assert mismatches(b.softmax.softmax(x), r_soft.softmax(x)) == 0
 
 
-# --- int8 GEMMs, Hadamard rotation, the int8 QAT linear (issue 7) ---
+# --- int8 GEMMs, Hadamard rotation, the int8 QAT linear ---
 
 def int8s(shape, *tag) -> torch.Tensor:
     """Uniform int8 in [-128, 127] (-128 included: the GEMM must be exact for every code)."""

@@ -1,4 +1,4 @@
-"""No forbidden primitive in kernels/ref bit paths (ARCHITECTURE.md, BR contract point 2)."""
+"""No forbidden primitive in kernels/ref bit paths (docs/architecture.md, contract point 2)."""
 import os
 
 from kernels.br_scan import scan_source, scan_tree

@@ -140,8 +140,8 @@ def _without(sig: dict, name: str) -> dict:
     return {k: v for k, v in sig.items() if k != name}
 
 
-# issue 7: the int8, Hadamard, embedding, contraction and loss twins
-KERNELS7 = {
+# the int8, Hadamard, embedding, contraction and loss twins
+INT8_KERNELS = {
     "int8_mm": (intmm._gemm_kernel, {**GEMM_SIG, "out_ptr": I32},
                 *_gemm_launch(intmm.TILE, s_ak=1, s_bk=1, FLOAT_OUT=False, HAS_ROW=False, HAS_COL=False,
                               HAS_INV=False, HAS_BAD=False, HAS_MASK=False)),
@@ -235,25 +235,25 @@ KERNELS7 = {
 
 
 @pytest.fixture(scope="module")
-def compiled7() -> dict[str, str]:
-    return {name: ptx(fn, sig, opts, **ce) for name, (fn, sig, opts, ce) in KERNELS7.items()}
+def compiled_int8() -> dict[str, str]:
+    return {name: ptx(fn, sig, opts, **ce) for name, (fn, sig, opts, ce) in INT8_KERNELS.items()}
 
 
-def test_issue7_no_fma_and_no_approximate_ops(compiled7):
-    bad = {name: sorted(set(m.group(0) for m in FORBIDDEN.finditer(text))) for name, text in compiled7.items()}
+def test_int8_twins_have_no_fma_and_no_approximate_ops(compiled_int8):
+    bad = {name: sorted(set(m.group(0) for m in FORBIDDEN.finditer(text))) for name, text in compiled_int8.items()}
     assert not {k: v for k, v in bad.items() if v}, bad
 
 
-def test_issue7_gemms_run_on_hopper_int8_tensor_cores(compiled7):
+def test_int8_gemms_run_on_hopper_int8_tensor_cores(compiled_int8):
     """wgmma s8 x s8 -> s32 (not the older mma.sync path), fed by async copies (a pipelined K loop)."""
     for name in ("int8_mm", "int8_gemm_epilogue", "hp_gemm", "hp_gemm_causal", "hp_gemm_band", "hp_gemm_window",
                  "hp_walk_logits", "hp_walk_window", "loss_dw"):
-        text = compiled7[name]
+        text = compiled_int8[name]
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8", text), name
         assert "cp.async" in text, name
 
 
-def test_issue7_row_splits_load_16_bytes(compiled7):
+def test_row_splits_load_16_bytes(compiled_int8):
     """A row-major split (K contiguous, K and lim or T multiples of 16 and specialized) loads 4 floats an
     instruction and stores its int8 slices at least 8 bytes at a time: the masks and K offsets are visibly
     16-aligned. With K unspecialized (the previous launch) every load was one float and the band split's
@@ -262,22 +262,22 @@ def test_issue7_row_splits_load_16_bytes(compiled7):
                           (contraction._band_split_kernel, {"K", "T"})):  # the launch specializes them
         assert not sizes & {p.name for p in kernel.params if p.do_not_specialize}, kernel.fn.__name__
     for name in ("hp_split_rows", "hp_band_split_rows"):
-        assert re.search(r"ld\.global(\.[a-z]+)*\.v4\.b32", compiled7[name]), name
-        assert not re.search(r"st\.global(\.[a-z]+)*\.b8", compiled7[name]), name
+        assert re.search(r"ld\.global(\.[a-z]+)*\.v4\.b32", compiled_int8[name]), name
+        assert not re.search(r"st\.global(\.[a-z]+)*\.b8", compiled_int8[name]), name
 
 
-def test_issue7_pv_runs_on_int8_tensor_cores(compiled7):
+def test_pv_runs_on_int8_tensor_cores(compiled_int8):
     """P.V's tile of 16 rows is below wgmma's 64: its per-block products run as int8 mma.sync (m16n8k32). A block's
     product is at most 127 * 127 * MAX_KEYS (256) in magnitude, so the int32 saturation that form carries never acts."""
     assert re.search(r"mma\.sync\.aligned\.m16n8k32\.row\.col(\.satfinite)?\.s32\.s8\.s8\.s32",
-                     compiled7["attention_pv"])
+                     compiled_int8["attention_pv"])
 
 
-def test_issue7_the_head_contraction_fits_its_registers():
+def test_the_head_contraction_fits_its_registers():
     """The hp GEMM at its production tile (contraction.config(3)) keeps its three int32 accumulators and the
     int64/float64 epilogue in registers: ptxas reports no spills (a spill in the K loop is local-memory traffic
     on every step). The report is read from Triton's own ptxas."""
-    fn, sig, opts, ce = KERNELS7["hp_gemm"]
+    fn, sig, opts, ce = INT8_KERNELS["hp_gemm"]
     cfg = contraction.config(3)
     assert {k: ce[k] for k in ("BM", "BN", "BK", "GROUP_M")} == {k: cfg[k] for k in ("BM", "BN", "BK", "GROUP_M")}
     assert (opts["num_warps"], opts["num_stages"]) == (cfg["num_warps"], cfg["num_stages"])
@@ -286,14 +286,14 @@ def test_issue7_the_head_contraction_fits_its_registers():
     assert use["spill_stores"] == 0 and use["spill_loads"] == 0, use
 
 
-def test_issue7_division_and_rounding(compiled7):
-    assert "div.rn.f32" in compiled7["int8_gemm_epilogue"]      # the straight-through gate's w / s_w
-    assert "div.rn.f32" in compiled7["rotate_quantize"] and "div.rn.f32" in compiled7["int8_activation"]
-    assert "cvt.rni.f64.f64" in compiled7["rotate_quantize"]    # round half to even (torch.round)
-    assert "div.rn.f64" in compiled7["loss_row"]                # log64's f / (f + 2)
-    assert "atom.global" in compiled7["embedding_scatter"] and ".u64" in compiled7["embedding_scatter"]
+def test_int8_twins_division_and_rounding(compiled_int8):
+    assert "div.rn.f32" in compiled_int8["int8_gemm_epilogue"]      # the straight-through gate's w / s_w
+    assert "div.rn.f32" in compiled_int8["rotate_quantize"] and "div.rn.f32" in compiled_int8["int8_activation"]
+    assert "cvt.rni.f64.f64" in compiled_int8["rotate_quantize"]    # round half to even (torch.round)
+    assert "div.rn.f64" in compiled_int8["loss_row"]                # log64's f / (f + 2)
+    assert "atom.global" in compiled_int8["embedding_scatter"] and ".u64" in compiled_int8["embedding_scatter"]
     from kernels.ref import elementary as E
-    assert _double_hex(E.SQRT_HALF) in compiled7["loss_row"]    # log64's bound stays a double
+    assert _double_hex(E.SQRT_HALF) in compiled_int8["loss_row"]    # log64's bound stays a double
 
 
 @pytest.fixture(scope="module")
