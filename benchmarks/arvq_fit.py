@@ -11,11 +11,11 @@ fitted and the full size is estimated as cholesky + em + (sweep + refit) * N / R
 depend on N, the last two are linear in it); such estimates are marked "(est.)" and run low: smaller
 row counts keep more in cache (measured: 1/16 of w2 predicted 52 s, the full fit then took 146 s).
 
-Quality: (1) i.i.d. Gaussian weights, H = I: weight relative L2 error of ARVQ (the seed's greedy +
+Quality: (1) i.i.d. Gaussian weights, H = I: weight relative L2 error of ARVQ (the ARVQ write-up's greedy +
 alternating search, and our beam) against the 2-bit Shannon bound 0.25 and Lloyd-Max scalar 0.343,
 and RTN 2-bit; (2) the synthetic MoE with outlier activations (quant/synthetic.py): held-out output
 relative error ||(W - Wq) X|| / ||W X|| per projection, pooled over the fitted experts, for RTN-2bit,
-GPTQ-2bit and ARVQ init (seed settings: plain-L2 greedy+alternating; ours: ldl metric + beam 8).
+GPTQ-2bit and ARVQ init (the write-up's settings: plain-L2 greedy+alternating; ours: ldl metric + beam 8).
 Needs only torch, numpy, safetensors, rich and blake3.
 """
 from __future__ import annotations

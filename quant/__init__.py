@@ -1,4 +1,4 @@
-"""ARVQ (seed 002): 2-bit additive residual vector quantization of an MoE's cold experts.
+"""ARVQ (the ARVQ write-up): 2-bit additive residual vector quantization of an MoE's cold experts.
 
 format (rvq256_256x8) + fp_formats (FP4/E4M3) + packing (index tiles) + store (on-disk layout);
 capture / synthetic (activations) -> hessian -> codebook (EM) -> ldlq (sweep) -> scales (refit), composed

@@ -3,7 +3,7 @@
     .venv/bin/python -m quant.acceptance --model runs/tiny-moe-arvq --work runs/arvq-acceptance
 
 Runs the sequential pipeline three times into WORK (ARVQ init only: 0 PV updates; ARVQ + PV with the
-reference target; ARVQ + PV with the same_input target, the seed's A/B), then measures end-to-end held-out
+reference target; ARVQ + PV with the same_input target, the ARVQ write-up's A/B), then measures end-to-end held-out
 cross-entropy on the model's own held-out windows (training.evaluate's set, purged from the calibration
 training split) with every layer's cold experts replaced: unquantized, RTN-2bit, GPTQ-2bit (Hessians from
 the donor trajectory), ARVQ init, ARVQ + PV.

@@ -1,4 +1,4 @@
-"""The deterministic calibration corpus (seed 002, section 8), built from the project's embedded corpus.
+"""The deterministic calibration corpus (the ARVQ write-up, section 8), built from the project's embedded corpus.
 
 Documents come from the corpus's shards (each file's blake3 checked against its manifest first), tokenized
 with the corpus's own tokenizer (no special tokens, as the stream does). Per source, a Philox shuffle of

@@ -1,4 +1,4 @@
-"""Codebook EM for the two additive 256 x 8 books on the FP4 grid (seed 002, section 3).
+"""Codebook EM for the two additive 256 x 8 books on the FP4 grid (the ARVQ write-up, section 3).
 
 Data: normalized 8-dim groups v (weights divided by their block scale), drawn with probability
 proportional to their Hessian importance, with optional per-dimension weights d (the Hessian metric's
@@ -10,7 +10,7 @@ projects the atoms to FP4: given the assignment the objective is separable per (
 so the nearest grid point to the weighted mean is the exact constrained optimum. On GPUs the sums over
 samples are one-hot matmuls, not index_add (CUDA's atomics would make them order-dependent).
 
-Assignment: the seed's alternating search (greedy c0 then c1, then refinements) reaches relative L2
+Assignment: the ARVQ write-up's alternating search (greedy c0 then c1, then refinements) reaches relative L2
 error 0.338 on i.i.d. Gaussian groups; a beam over c0 (`beam` nearest c0 atoms, each with its best c1
 atom) reaches 0.316 at width 8 and 0.315 at 16, against 0.314 for the exhaustive 65,536-pair search.
 """

@@ -1,5 +1,5 @@
 """The project's trained MoE as ARVQ's donor: parameters from a run's checkpoint, its expert load, and the
-MoE block split into the parts the PV objective needs (seed 002, sections 4-5).
+MoE block split into the parts the PV objective needs (the ARVQ write-up, sections 4-5).
 
     a      = h + attention(RMSNorm(h))                     # training.model.attention_block, unchanged
     f      = RMSNorm(a)                                    # the MoE input

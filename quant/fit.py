@@ -1,4 +1,4 @@
-"""The Hessian-aware initial fit of one (layer, projection) into rvq256_256x8 (seed 002, section 3).
+"""The Hessian-aware initial fit of one (layer, projection) into rvq256_256x8 (the ARVQ write-up, section 3).
 
 Per expert: damped Cholesky factor of H^-1; RMS block scales rounded to E4M3 under a global shared by
 the projection's experts; codebook EM on a Hessian-importance sample of normalized groups; then
@@ -24,15 +24,15 @@ PROJ_ID = {"w13": 0, "w2": 1}
 
 @dataclass(frozen=True)
 class FitConfig:
-    """Fit settings; defaults from seed 002 section 3 unless noted."""
+    """Fit settings; defaults from the ARVQ write-up, section 3, unless noted."""
     sample_groups: int = 20_000   # EM sample per expert
-    kmeans_iters: int = 10        # Lloyd steps of each warm start (not in the seed; ours)
+    kmeans_iters: int = 10        # Lloyd steps of each warm start (not in the write-up; ours)
     em_iters: int = 8             # alternating refinements
     col_block: int = 128          # LDLQ column block
     passes: int = 2               # (sweep, scale refit) rounds
     inner_refine: int = 1         # alternating refinements after each group's search
-    beam: int = 8                 # c0 beam of the group search; 0 = the seed's greedy + alternating (ours)
-    metric: str = "ldl"           # "l2" = the seed's plain L2 assignment; "ldl" = exact group output metric (ours)
+    beam: int = 8                 # c0 beam of the group search; 0 = the write-up's greedy + alternating (ours)
+    metric: str = "ldl"           # "l2" = the write-up's plain L2 assignment; "ldl" = exact group output metric (ours)
     norm_rms: float = 3.0         # RMS of a normalized group (ours): Gaussian EM+beam error 0.316/0.315/0.315 at 2/3/4
     rel_damp: float = 1e-3
     damp_factor: float = 4.0

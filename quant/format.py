@@ -1,4 +1,4 @@
-"""The rvq256_256x8 format (seed 002, section 2): one (layer, projection)'s cold experts, and its decoder.
+"""The rvq256_256x8 format (the ARVQ write-up, section 2): one (layer, projection)'s cold experts, and its decoder.
 
 Each group of 8 contiguous input columns of an expert weight W [N, K] is
 

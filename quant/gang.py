@@ -1,4 +1,4 @@
-"""Expert-sharded gangs (seed 002, section 5): N Ray actors in one placement group tune one layer together.
+"""Expert-sharded gangs (the ARVQ write-up, section 5): N Ray actors in one placement group tune one layer together.
 
 Member r owns the cold experts at positions r, r + N, ... of the layer's cold list. Each computes its
 experts' routed contributions; quant.expert_sum's exact all-reduce (gloo, collectives.CollectiveGroup)

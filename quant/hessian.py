@@ -1,4 +1,4 @@
-"""Per-expert activation Hessians and the escalating-damp Cholesky factor of H^-1 (seed 002, section 3).
+"""Per-expert activation Hessians and the escalating-damp Cholesky factor of H^-1 (the ARVQ write-up, section 3).
 
 w13's Hessian is E[x x^T] over the tokens routed to the expert, w2's is E[m m^T] with m the expert's
 SwiGLU intermediate on those tokens; an expert with fewer than `min_tokens` routed tokens uses all

@@ -1,5 +1,5 @@
 """One layer of the sequential pipeline: the problem from the two trajectories, the initial fit, the 2-bit
-baselines, PV tuning (in-process or on a gang), and the gates (seed 002, sections 4-7).
+baselines, PV tuning (in-process or on a gang), and the gates (the ARVQ write-up, sections 4-7).
 
 Gates, recorded per layer:
   validation   0 <= final val reference_rel <= initial * (1 + 1e-6)

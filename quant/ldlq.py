@@ -1,4 +1,4 @@
-"""LDLQ/GPTQ error-feedback column sweep with fixed codebooks (seed 002, section 3).
+"""LDLQ/GPTQ error-feedback column sweep with fixed codebooks (the ARVQ write-up, section 3).
 
 Columns are taken 8 at a time (one group), left to right, in blocks of `block` columns. With U the upper
 Cholesky factor of H^-1 (H^-1 = U^T U), quantizing group F with error e = W_F - Q_F and moving the
@@ -6,7 +6,7 @@ not-yet-quantized columns R by -e U_FF^-1 U_FR is the optimal (OBS) compensation
 contribution to the output error is ||e U_FF^-1||^2. Inside a block the update is applied group by
 group; outside, once per block (GPTQ's lazy batch update: same result, fewer large matmuls).
 
-`metric` picks the assignment distance: "l2" is the seed's plain L2 on the normalized group; "ldl"
+`metric` picks the assignment distance: "l2" is the ARVQ write-up's plain L2 on the normalized group; "ldl"
 uses the exact per-group output metric ||(v - c) U_FF^-1||^2 (codebooks mapped through U_FF^-1 per group,
 8 x 8: nearly free). It matters when a few input channels carry most of the activation energy.
 """

@@ -1,4 +1,4 @@
-"""The PV objective (seed 002, section 4): what the cold experts of one layer must supply, and how it is scored.
+"""The PV objective (the ARVQ write-up, section 4): what one layer's cold experts must supply, and how it is scored.
 
 Per captured token (row): frozen = the block output from everything but the cold experts on the student
 input; reference = the donor block with all its experts, on the reference trajectory (`target="reference"`)

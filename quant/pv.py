@@ -1,4 +1,4 @@
-"""PV tuning of one layer's cold experts against the coupled output (seed 002, section 6).
+"""PV tuning of one layer's cold experts against the coupled output (the ARVQ write-up, section 6).
 
 Adam over two groups per expert projection, FP4-constrained codebooks and E4M3-constrained log block
 scales (quant/student.py); an update accumulates `microbatches` passes of `micro_rows` training rows
@@ -36,10 +36,10 @@ F32 = torch.float32
 
 @dataclass(frozen=True)
 class PVConfig:
-    """Defaults from seed 002 section 6 (the full-corpus campaign) unless noted."""
+    """Defaults from the ARVQ write-up, section 6 (the full-corpus campaign), unless noted."""
     updates: int = 69
     microbatches: int = 4
-    micro_rows: int = 1024          # ours: the tiny model's scale (the seed: 65,536 tokens)
+    micro_rows: int = 1024          # ours: the tiny model's scale (the write-up: 65,536 tokens)
     lr_books: float = 0.003
     lr_scales: float = 0.0005       # ours: at 0.002 every log-scale crossed its E4M3 boundary together (docs/quant.md)
     lr_decay_after: int = 45

@@ -1,4 +1,4 @@
-"""Output-gradient index reassignment with prefix backtracking (seed 002, section 6.1).
+"""Output-gradient index reassignment with prefix backtracking (the ARVQ write-up, section 6.1).
 
 Adam cannot move the discrete (a, b) pairs; every `reassign_every` updates, per expert projection:
   1. backprop the output loss (sum_i w_i ||cold_i - required_i||^2 on a training batch) to the expert's

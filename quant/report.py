@@ -56,7 +56,7 @@ def render(r: dict) -> str:
                      f"{_f(g['val_initial'])}) | {'pass' if g['audit'] else 'FAIL'} ({_f(g['audit_final'])} vs "
                      f"{_f(g['audit_initial'])}) | {'pass' if g['replay'] else 'FAIL'} "
                      f"({g['replay_max_rel']:.1e}) | {g['kept']} | {acc} / {prop} ({ok}/{len(row['reassign'])}) |")
-    lines += ["", "## reference vs same_input target (the seed's A/B)", "",
+    lines += ["", "## reference vs same_input target (the ARVQ write-up's A/B)", "",
               "| layer | val, reference-tuned | val, same_input-tuned | audit, reference-tuned | "
               "audit, same_input-tuned | same_input-tuned on its own target (val / audit) |",
               "| --- | --- | --- | --- | --- | --- |"]
@@ -97,14 +97,14 @@ NOTES = """
   same scale budget, and PV lowers it further (layer 0 -25.7%, layer 1 -4.5%); every gate passed, the
   serialized replay is exact (0 difference: the forward uses exactly the values the packed file decodes to).
 - PV's gains on this model come from the index reassignment (the steps at updates 20, 40, 60): the book
-  latents never cross an FP4 boundary at lr 0.003 within 69 updates, and log-scales at the seed's in-repo
-  0.002 hurt layer 0 (all blocks crossing together, see below). In that ablation, layer 1 (on its own
+  latents never cross an FP4 boundary at lr 0.003 within 69 updates, and log-scales at the write-up's code
+  default 0.002 hurt layer 0 (all blocks crossing together, see below). In that ablation, layer 1 (on its own
   trajectory, init 0.01560) did gain from scale moves (-19.5%): scales help where the upstream drift is
   large and hurt where the fit is already close.
 - reference vs same_input (layer 1, both measured against the reference target): the reference-tuned layer
   is 2.9% (val) and 3.7% (audit) closer to the original model; same_input fits its own target far better
   (0.0042), i.e. it learns to imitate the donor on drifted inputs rather than to correct the drift.
-  The seed saw a small mixed difference (0.21% / -0.08%); here reference wins on both splits.
+  The ARVQ write-up saw a small mixed difference (0.21% / -0.08%); here reference wins on both splits.
 - End-to-end held-out CE moves little in this 400-step model (the cold experts carry a small share of the
   output): RTN-2bit +0.0035 nats, GPTQ-2bit +0.0022, ARVQ init +0.0012, ARVQ+PV +0.0012 (reference) and
   +0.0009 (same_input). ARVQ removes about two thirds of RTN's loss; PV's block-level gains do not show in CE
@@ -132,7 +132,7 @@ student/reference trajectories, blake3 in the manifest) and run_log.jsonl.
   whose projections (FP4 atoms, E4M3 scales) are what the forward uses and the export stores; BR backward
   (int64 fixed-point atom gradients). The expert's arithmetic is the donor's int8 W8A8 linear with the
   expert's learned activation steps (unquantized weights reproduce the donor exactly); `--emulate` switches
-  to the seed's serving emulation (4 FP4 activation planes, fp32 GEMM, fp16 SwiGLU, straight-through).
+  to the ARVQ write-up's serving emulation (4 FP4 activation planes, fp32 GEMM, fp16 SwiGLU, straight-through).
 - `pv.py`: Adam (kernels.ref.adamw, BR) on the two groups, microbatch accumulation over a Philox shuffle,
   drift penalties, global clip (exact all-reduced norm), LR decay, validation every 5 keeping the best,
   adaptive early stop, coverage gate. `reassign.py`: output-gradient index reassignment with prefix
@@ -148,17 +148,17 @@ student/reference trajectories, blake3 in the manifest) and run_log.jsonl.
   process (2 torch threads) published identical files and latents (w13 63cbe828..., latents 78d4f6ee...).
 - `calib.py`: the calibration corpus (seed 42, domain mix, held-out documents, exact-match purge).
 
-## Choices that are ours (the seed is silent or does not fit this model)
+## Choices that are ours (the ARVQ write-up is silent or does not fit this model)
 
-- PV learning rates 0.003 (books, the seed's in-repo code default) and 0.0005 (log-scales, ours). The
+- PV learning rates 0.003 (books, the default of the write-up's code) and 0.0005 (log-scales, ours). The
   campaign's 0.048/0.032 belong to a 262k-token batch and diverged here (layer 0, 4k-row updates: train loss
-  x30 by update 3). At the in-repo 0.002 every log-scale with a steady gradient sign reaches its E4M3
+  x30 by update 3). At the write-up's code default 0.002 every log-scale with a steady gradient sign reaches its E4M3
   half-spacing (ln(1 + 1/16) ~ 0.06 or less) at about the same update (~16), so whole experts jump by a grid
   step at once: the gradient asked for a ~1% change and got ~6%; layer 0's validation error doubled (column
   "scale lr 0.002" above). Books at 0.003 travel at most ~0.15 in 69 updates, less than the 0.25 half-spacing
   of the FP4 grid, so on this model the continuous part of PV rarely changes a published value: the gains
   come from the index reassignment (visible as steps at updates 20, 40, 60 in the curves above). The straight-
-  through latent is the seed's design; a discrete, loss-checked move for scales (like the indices') is the
+  through latent is the write-up's design; a discrete, loss-checked move for scales (like the indices') is the
   obvious next step.
 - Latents keep sub-grid steps; the value used is their projection (straight-through). Snapping the latent
   itself every update would undo every step smaller than half a grid spacing, i.e. all of them.
@@ -168,7 +168,7 @@ student/reference trajectories, blake3 in the manifest) and run_log.jsonl.
 - Experts are judged against the same coupled output within a reassignment pass (Jacobi), so no verdict
   depends on which experts share an actor; a joint re-check reverts the pass if the combination fails.
 - The cold arithmetic default is the donor's own int8 W8A8 expert (learned activation steps), so unquantized
-  weights reproduce the donor (reference_rel 5e-8). `--emulate` (the seed's GLM serving path: FP4 activation
+  weights reproduce the donor (reference_rel 5e-8). `--emulate` (the write-up's GLM serving path: FP4 activation
   planes, fp32 GEMM, fp16 SwiGLU) is a different arithmetic from this int8-QAT model's: with it, even the
   unquantized experts sit at reference_rel 0.156 on layer 0 (measured with `quant run --emulate`), so it is
   off by default and useful only for a model served that way.

@@ -1,7 +1,7 @@
 """The hot/cold split: REAP expert saliency from captured activations, mixed over domains, top experts hot.
 
 REAP (Lasby et al. 2025, router-weighted expert activation pruning) scores expert e by the mean, over the
-tokens routed to it, of gate_e(x) * ||f_e(x)||_2 with f_e the expert's output. The seed's allocation is
+tokens routed to it, of gate_e(x) * ||f_e(x)||_2 with f_e the expert's output. The ARVQ write-up's allocation is
 75% text-REAP / 25% multimodal salience: scores are computed per domain, each domain's scores are
 normalized to sum to 1 over a layer's experts (so the domains mix on one scale), then mixed. The hot set
 is the top experts by count or share, over all layers together ("global") or per layer; ties go to the

@@ -1,5 +1,5 @@
 """Block scales: initial RMS scales, the per-(layer, projection) global, E4M3 rounding, and the
-least-squares refit of the scales given the codes (seed 002, section 3).
+least-squares refit of the scales given the codes (the ARVQ write-up, section 3).
 
 A scale is stored as e4m3(sigma) with the weight block ~ sigma * global * codes. The global puts the
 largest initial scale at SCALE_CEIL = 224, half of E4M3's 448, leaving headroom for the refit to grow a

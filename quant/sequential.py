@@ -1,4 +1,4 @@
-"""`python -m app quant run`: the sequential per-layer ARVQ pipeline over the project's trained MoE (seed 002, s. 5).
+"""`python -m app quant run`: the sequential per-layer ARVQ pipeline (the ARVQ write-up, section 5) over a trained MoE.
 
 Layers go in order. Two trajectories per calibration split ride along in a rolling cache: the student
 (h after the published hybrid layers: each layer tuned against the drifted input it will see) and the

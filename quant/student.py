@@ -1,5 +1,5 @@
 """A cold expert as PV tunes it: float latents behind the rvq256_256x8 grid, decoded with straight-through
-projection, and its forward on routed rows in BR ops (seed 002, sections 4 and 6).
+projection, and its forward on routed rows in BR ops (the ARVQ write-up, sections 4 and 6).
 
 Latents: per projection, codebooks c [2, 256, 8] (float, clamped to [-6, 6]) and log block scales
 l [N, K/128] (clamped to l0 +- 0.35). The forward always uses the projected values, the ones the packed
@@ -9,8 +9,8 @@ step could never cross a 0.25 half-spacing if the latent itself were snapped eve
 
 Gradients (`_Decode.backward`) are BR: the codebook gradient sums each atom's groups in int64 fixed point
 (index_add of integers: exact in any order), the scale gradient is an exact sum per 128-column block.
-The forward is the donor's int8 W8A8 expert with the decoded weights; `emulate=True` swaps in the seed's
-serving emulation x -> FP4 activation planes -> hp_matmul(W13) -> fp16 SwiGLU fp16 -> hp_matmul(W2), with
+The forward is the donor's int8 W8A8 expert with the decoded weights; `emulate=True` swaps in the ARVQ
+write-up's serving emulation x -> FP4 activation planes -> hp_matmul(W13) -> fp16 SwiGLU fp16 -> hp_matmul(W2), with
 straight-through gradients at each rounding boundary.
 """
 from __future__ import annotations
@@ -167,7 +167,7 @@ def expert_forward(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, steps: 
 
     Default: the donor's own arithmetic with the weights swapped, int8 W8A8 linears with the expert's
     learned activation steps `steps` (training.model.ffn), so unquantized weights give the donor's bits.
-    emulate=True: the seed's serving emulation instead (FP4 activation planes, fp32 GEMM, fp16 SwiGLU).
+    emulate=True: the ARVQ write-up's serving emulation instead (FP4 activation planes, fp32 GEMM, fp16 SwiGLU).
     """
     if not emulate:
         return int8_linear(swiglu(int8_linear(x, w13, steps[0])), w2, steps[1])

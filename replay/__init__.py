@@ -1,7 +1,7 @@
 """Audit: single-device replay of a run's steps (replay.core), batch audits on Ray Data (replay.batch).
 
 `from replay import replay_segment, ReplayResult, Mismatch`; loaded lazily, so `python -m app` builds its
-parser (replay.cli) without importing torch."""
+parser (app.audit_cli) without importing torch."""
 from __future__ import annotations
 
 __all__ = ["Mismatch", "ReplayResult", "replay_segment"]

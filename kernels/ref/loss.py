@@ -123,8 +123,8 @@ def cross_entropy_zloss(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Te
     """(loss, ce_mean, z_mean) for h [N, D], w_head [V, D], targets [N]; gradients flow from loss only.
 
     loss = mean(ce) + z_weight * mean(lse^2) over tokens whose target is not ignore_index. `slices`: the int8
-    slices of the head's three contractions (kernels/ref/contraction; benchmarks/head_slices.py has their
-    errors at the head's shape).
+    slices of the head's three contractions (kernels/ref/contraction; their errors at the head's shape:
+    docs/perf.md, docs/results/head_slices.json).
     """
     _check(h, w_head, targets, z_weight, chunk, ignore_index, slices)
     return _CrossEntropyZLoss.apply(h, w_head, targets, float(z_weight), chunk, ignore_index, slices)

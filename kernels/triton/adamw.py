@@ -19,7 +19,7 @@ from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton, to_device
 
 F32 = torch.float32
 BLOCK = 1024  # elements a program
-WARPS = 8  # warps a program: 4 elements a thread, 1.19x the 4-warp program's 8 (ab_tiles.py --ops adamw)
+WARPS = 8  # warps a program: 4 elements a thread, 1.19x the 4-warp program's 8 (docs/perf.md's history)
 
 
 @triton.jit(do_not_specialize=["n"])

@@ -25,7 +25,7 @@ from kernels.triton.launch import BR_OPTIONS, INTERPRET, cdiv, on_triton, pow2_a
 F32 = torch.float32
 KS = tl.constexpr(65536)  # K-steps per int32 accumulation: 4 * 64 * 64 * 2^16 = 2^30 < 2^31
 SPLIT_R, SPLIT_K, SPLIT_WARPS = 32, 64, 8  # a split's tile and warps: free for the bits (max and slices per element);
-# 32 x 64 ran 1.33x faster than 32 x 128 on the H200 (benchmarks/ab_tiles.py, docs/perf.md)
+# 32 x 64 ran 1.33x faster than 32 x 128 on the H200 (tile sweep, commit eea27bf; `git show 0106f46:docs/perf.md`)
 SPLIT_PROGRAMS = 1024  # programs worth launching for a split (~8 per H200 SM): K is cut into segments to reach it
 
 
@@ -518,14 +518,14 @@ SMEM_BYTES = 220 * 1024  # of the H200's 227 KiB per block: room left for the ep
 # Attention's two K = 128 contractions are one K-step, with nothing to pipeline: at 64 x 64, 4 warps and one
 # stage two blocks fit an SM (194 registers, 48 KiB against 234 and 216 KiB), so one tile's epilogue and
 # [T, T] store overlap another's loads: 1.04x a global layer's attention, 1.07x a windowed one's on the H200
-# (benchmarks/ab_tiles.py, docs/perf.md).
+# (tile sweep, commit eea27bf; `git show 0106f46:docs/perf.md`).
 PRODUCTION_TILES: dict[str, dict] = {use: {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 1}
                                      for use in ("causal", "short")}
 # attention's causal K-128 products (logits, dP) walk a row tile's key tiles in one program (_hp_rows_kernel):
 # A's slices loaded once, B's pipelined over the walk
 PRODUCTION_TILES["causal-walk"] = {"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 2}
 CAUSAL_WALK = True  # False: one program per tile (_hp_kernel), the previous launch (a sweep's switch)
-TILES: dict[str, dict] = {}  # what a tile sweep sets over production's (benchmarks/ab_tiles.py); empty in production
+TILES: dict[str, dict] = {}  # what a tile sweep sets over production's; empty in production
 SHORT_K = 128
 
 

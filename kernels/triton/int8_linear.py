@@ -27,7 +27,8 @@ from kernels.triton.rotated_mm import code8, padded16, rotated_product, supporte
 F32 = torch.float32
 QMAX = tl.constexpr(127.0)
 ROW_BLOCK = 1024
-TILE_R, TILE_K = 2, 512      # activation quantizer tile: 1.21x 16 x 128 with one layer's LSQ passes (ab_tiles)
+TILE_R, TILE_K = 2, 512      # activation quantizer tile: 1.21x 16 x 128 with one layer's LSQ passes (docs/perf.md's
+                             # history)
 LSQ_BLOCK = 1024
 TARGET_PROGRAMS = 1024
 

@@ -90,8 +90,8 @@ def _gemm_kernel(a_ptr, b_ptr, out_ptr, M, N, K, s_ab, s_am, s_ak, s_bb, s_bn, s
         tl.store(o_ptrs, acc, mask=out_m)
 
 
-# Tile shape and pipeline depth: free choices, since integer results do not depend on them
-# (benchmarks/ab_tiles.py --ops int8-gemm times the alternatives at the linears' shapes).
+# Tile shape and pipeline depth: free choices, since integer results do not depend on them (the alternatives
+# timed at the linears' shapes: tile sweep, commit eea27bf; `git show 0106f46:docs/perf.md`).
 TILE = dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=4, num_stages=5)  # 1.04-1.15x 128 x 128 x 128 (docs/perf.md)
 # with the straight-through gate's epilogue (a float32 read and a division per output): 1.04x TILE for these
 MASK_TILE = dict(BM=128, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=4)

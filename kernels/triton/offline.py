@@ -2,7 +2,7 @@
 
 triton.compile runs its whole pipeline for an explicit target, ptxas included (Triton ships it): what the PTX
 holds (tests/kernels/test_triton_ptx.py) and what a kernel costs in registers, spills and shared memory
-(benchmarks/ptxas_report.py) are known before any GPU time is spent.
+(ptxas_usage; the GEMM tiles' figures: `git show 0106f46:docs/perf.md`) are known before any GPU time is spent.
 """
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ from kernels.triton.reduce import _double_bits
 F32 = torch.float32
 COL_BLOCK, COL_ROWS = 64, 32  # dweight tiles: 64 columns x 32 rows
 ROW_TILE = 1024  # elements of the row kernels' tile (rows x columns): free for the bits; 1024 (8 rows of
-# 128) ran one layer's norms 1.10x one row a program and 1.23x 2048 on the H200 (benchmarks/ab_tiles.py)
+# 128) ran one layer's norms 1.10x one row a program and 1.23x 2048 on the H200 (tile sweep, commit eea27bf;
+# `git show 0106f46:docs/perf.md`)
 LONG_ROW_STEP = 2048  # columns a step of a row too long to share its program
 
 

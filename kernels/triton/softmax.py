@@ -197,7 +197,7 @@ def _back(t2: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
     return t2.reshape(shape).movedim(-1, dim).contiguous()
 
 
-ROW_WARPS = 8  # the full-row forward's warps: free for the bits, a knob for benchmarks/ab_tiles.py
+ROW_WARPS = 8  # the full-row forward's warps: free for the bits, a knob for tile sweeps
 
 
 def _block(n: int) -> int:
@@ -224,7 +224,7 @@ def _launch_backward(y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor
 
 MAX_BAND = 2048  # the causal row kernel's keys in registers
 # warps of the causal row kernels (the forward's at most one per 64 keys of its band): free for the bits (max, or
-# and int64 sums are exact in any order), so knobs for benchmarks/ab_tiles.py
+# and int64 sums are exact in any order), so knobs for tile sweeps
 CAUSAL_FORWARD_WARPS, CAUSAL_BACKWARD_WARPS = 2, 8  # forward 2: 1.05x a windowed layer (H100; docs/perf.md)
 
 

@@ -25,11 +25,11 @@ CHUNK = 1024
 LANES = 128  # chunks per program
 GROUP = 256  # tree nodes merged by one program: 8 levels per launch
 ALIGN = 16  # bytes: every buffer's address, for the chunk kernel's 16-byte loads
-# _load64's 16-byte loads for whole programs (1.08x the [LANES, 16] tile on the H200, ab_tiles.py --ops blake3;
+# _load64's 16-byte loads for whole programs (1.08x the [LANES, 16] tile on the H200, docs/perf.md's history;
 # tests/gpu/test_statehash.py runs every way); never under the interpreter, which runs no PTX
 VECTOR_LOADS = True
 # each block's words loaded one block ahead, during the previous block's compression: 1.08x more on the H200
-# (ab_tiles.py --ops blake3), 7 registers more
+# (docs/perf.md's history), 7 registers more
 PREFETCH = True
 # BLAKE3's IV (SHA-256's); domain flags used below: CHUNK_START 1, CHUNK_END 2, PARENT 4, ROOT 8
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)

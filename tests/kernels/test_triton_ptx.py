@@ -320,7 +320,7 @@ def test_blake3_chunk_loads_whole_blocks_16_bytes_at_a_time(compiled):
     # four for block 0 before the chunk loop, four in it (each block's loaded during the block before: PREFETCH)
     assert compiled["blake3_chunk_v4"].count("ld.global.v4.u32") == 8
     assert "ld.global.v4.u32" not in compiled["blake3_chunk"]  # the tile loads (VECTOR_LOADS off)
-    assert statehash.VECTOR_LOADS and statehash.PREFETCH  # production: 1.16x the tile loads (ab_tiles.py --ops blake3)
+    assert statehash.VECTOR_LOADS and statehash.PREFETCH  # production: 1.16x the tile loads (docs/perf.md's history)
 
 
 def test_float64_constants_are_the_references_doubles(compiled):
