@@ -110,18 +110,28 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def _quant(args: argparse.Namespace) -> int:
+    """Builds the ARVQ configs once (each validates itself); what the command line leaves unset keeps their defaults."""
+    from dataclasses import replace
+
+    from quant.fit import FitConfig
+    from quant.pipeline import parse_layers
+
     if args.quant_cmd == "run":
-        from quant.sequential import run_cli
-        return run_cli(args.model, args.out, layers=args.layers, target=args.target, hot_per_layer=args.hot_per_layer,
-                       gang=args.gang, updates=args.updates, micro_rows=args.micro_rows,
-                       reassign_every=args.reassign_every, emulate=args.emulate, boundary_weight=args.boundary_weight,
-                       calib_windows=args.calib_windows, compare=not args.no_compare, threads=args.threads)
+        from quant.calib import CalibConfig
+        from quant.pv import PVConfig
+        from quant.sequential import RunSpec, run_main
+        pv = replace(PVConfig(), emulate=args.emulate, **_given(args, "updates", "micro_rows", "reassign_every"))
+        calib = CalibConfig(**({"train": args.calib_windows} if args.calib_windows is not None else {}))
+        spec = RunSpec(args.model, args.out, layers=tuple(parse_layers(args.layers)) if args.layers else None,
+                       compare=not args.no_compare, pv=pv, calib=calib,
+                       **_given(args, "target", "hot_per_layer", "gang", "boundary_weight"))
+        return run_main(spec, args.threads or 0)
     from quant.pipeline import fit_cli
-    return fit_cli(args.model, args.layers, args.out, hot_count=args.hot_count, hot_share=args.hot_share,
-                   hot_scope=args.hot_scope, text_weight=args.text_weight, held_out=args.held_out,
-                   compare=not args.no_compare, device=args.device, sample_groups=args.sample_groups,
-                   metric=args.metric, beam=args.beam, seed=args.seed, experts=args.experts, hidden=args.hidden,
-                   ffn=args.ffn, tokens=args.tokens, top_k=args.top_k, threads=args.threads)
+    from quant.synthetic import SyntheticConfig
+    synth = SyntheticConfig(**_given(args, "experts", "hidden", "ffn", "tokens", "top_k"))
+    cfg = FitConfig(**_given(args, "sample_groups", "metric", "beam", "seed", "device"))
+    return fit_cli(args.model, args.layers, args.out, synth, cfg, args.threads or 0, compare=not args.no_compare,
+                   **_given(args, "hot_count", "hot_share", "hot_scope", "text_weight", "held_out"))
 
 
 def _add_quant(sub: argparse._SubParsersAction) -> None:
@@ -132,37 +142,37 @@ def _add_quant(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--layers", required=True, help="layer ids: 3, 3-5 or 3,5")
     f.add_argument("--out", required=True, help="output directory (manifest.json + layer_NNNN/*.safetensors)")
     f.add_argument("--hot-count", type=int, default=None, help="keep this many experts hot (overrides --hot-share)")
-    f.add_argument("--hot-share", type=float, default=0.3, help="share of experts kept hot (default 0.3)")
-    f.add_argument("--hot-scope", choices=("global", "layer"), default="global", help="rank experts over all layers or per layer")
-    f.add_argument("--text-weight", type=float, default=0.75, help="text REAP weight vs other-domain salience (0.75)")
-    f.add_argument("--held-out", type=float, default=0.25, help="share of captured tokens held out for errors")
+    f.add_argument("--hot-share", type=float, help="share of experts kept hot")
+    f.add_argument("--hot-scope", choices=("global", "layer"), help="rank experts over all layers or per layer")
+    f.add_argument("--text-weight", type=float, help="text REAP weight vs other-domain salience")
+    f.add_argument("--held-out", type=float, help="share of captured tokens held out for errors")
     f.add_argument("--no-compare", action="store_true", help="skip the RTN/GPTQ 2-bit baselines")
-    f.add_argument("--device", default="cpu", help="cpu or cuda")
-    f.add_argument("--sample-groups", type=int, default=20_000, help="codebook EM sample per expert")
-    f.add_argument("--metric", choices=("ldl", "l2"), default="ldl", help="group assignment distance")
-    f.add_argument("--beam", type=int, default=8, help="c0 beam of the group search (0: greedy + alternating)")
-    f.add_argument("--seed", type=int, default=0, help="fit seed")
-    f.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    f.add_argument("--experts", type=int, default=8, help="synthetic: experts per layer")
-    f.add_argument("--hidden", type=int, default=256, help="synthetic: hidden size (multiple of 128)")
-    f.add_argument("--ffn", type=int, default=128, help="synthetic: expert ffn size (multiple of 128)")
-    f.add_argument("--tokens", type=int, default=4096, help="synthetic: captured tokens per layer")
-    f.add_argument("--top-k", type=int, default=2, help="synthetic: experts per token")
+    f.add_argument("--device", help="cpu or cuda")
+    f.add_argument("--sample-groups", type=int, help="codebook EM sample per expert")
+    f.add_argument("--metric", choices=("ldl", "l2"), help="group assignment distance")
+    f.add_argument("--beam", type=int, help="c0 beam of the group search (0: greedy + alternating)")
+    f.add_argument("--seed", type=int, help="fit seed")
+    f.add_argument("--threads", type=int, help="torch CPU threads (0: torch's default)")
+    f.add_argument("--experts", type=int, help="synthetic: experts per layer")
+    f.add_argument("--hidden", type=int, help="synthetic: hidden size (multiple of 128)")
+    f.add_argument("--ffn", type=int, help="synthetic: expert ffn size (multiple of 128)")
+    f.add_argument("--tokens", type=int, help="synthetic: captured tokens per layer")
+    f.add_argument("--top-k", type=int, help="synthetic: experts per token")
     r = qsub.add_parser("run", help="the sequential per-layer pipeline on a trained MoE run: fit, PV, gates, publish")
     r.add_argument("--model", required=True, help="run directory of a trained MoE (e.g. runs/tiny-moe)")
     r.add_argument("--out", required=True, help="output directory; a rerun resumes after its published layers")
     r.add_argument("--layers", default=None, help="layer ids: 0, 0-1 or 0,1 (default: every MoE layer)")
-    r.add_argument("--target", choices=("reference", "same_input"), default="reference", help="PV target")
-    r.add_argument("--hot-per-layer", type=int, default=1, help="most-loaded experts per layer kept hot (default 1)")
-    r.add_argument("--gang", type=int, default=0, help="tune on N Ray actors sharing the experts (0: in process)")
-    r.add_argument("--updates", type=int, default=69, help="PV updates per layer (default 69)")
-    r.add_argument("--micro-rows", type=int, default=1024, help="tokens per PV microbatch (4 per update)")
-    r.add_argument("--reassign-every", type=int, default=20, help="updates between index reassignments (0: never)")
+    r.add_argument("--target", choices=("reference", "same_input"), help="PV target")
+    r.add_argument("--hot-per-layer", type=int, help="most-loaded experts per layer kept hot")
+    r.add_argument("--gang", type=int, help="tune on N Ray actors sharing the experts (0: in process)")
+    r.add_argument("--updates", type=int, help="PV updates per layer")
+    r.add_argument("--micro-rows", type=int, help="tokens per PV microbatch (4 per update)")
+    r.add_argument("--reassign-every", type=int, help="updates between index reassignments (0: never)")
     r.add_argument("--emulate", action="store_true", help="FP4 activation planes + fp16 SwiGLU cold arithmetic")
-    r.add_argument("--boundary-weight", type=float, default=1.0, help="loss weight of rows before a separator")
-    r.add_argument("--calib-windows", type=int, default=256, help="calibration training windows")
+    r.add_argument("--boundary-weight", type=float, help="loss weight of rows before a separator")
+    r.add_argument("--calib-windows", type=int, help="calibration training windows")
     r.add_argument("--no-compare", action="store_true", help="skip the RTN/GPTQ 2-bit baselines")
-    r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    r.add_argument("--threads", type=int, help="torch CPU threads (0: torch's default)")
     quant.set_defaults(func=_quant)
 
 

@@ -154,16 +154,11 @@ def fit_main(model: str, layers: str, out: str, *, hot_count: int | None = None,
     return 0
 
 
-def fit_cli(model: str, layers: str, out: str, *, hot_count: int | None, hot_share: float, hot_scope: str,
-            text_weight: float, held_out: float, compare: bool, device: str, sample_groups: int, metric: str,
-            beam: int, seed: int, experts: int, hidden: int, ffn: int, tokens: int, top_k: int,
-            threads: int = 0) -> int:
-    """Build the configs from CLI values (they validate themselves) and run fit_main."""
+def fit_cli(model: str, layers: str, out: str, synth: SyntheticConfig, cfg: FitConfig, threads: int = 0,
+            **split) -> int:
+    """`quant fit`: fit_main with the command line's configs; `split`: fit_main's hot/cold split and comparison."""
     if threads < 0:
         raise ConfigError(f"--threads must be >= 0, got {threads}")
     if threads:
         torch.set_num_threads(threads)  # the fit is many small ops: on shared cores, fewer threads spin less
-    synth = SyntheticConfig(hidden=hidden, ffn=ffn, experts=experts, top_k=top_k, tokens=tokens)
-    cfg = FitConfig(sample_groups=sample_groups, metric=metric, beam=beam, seed=seed, device=device)
-    return fit_main(model, layers, out, hot_count=hot_count, hot_share=hot_share, hot_scope=hot_scope,
-                    text_weight=text_weight, held_out=held_out, compare=compare, synth=synth, cfg=cfg)
+    return fit_main(model, layers, out, synth=synth, cfg=cfg, **split)

@@ -217,22 +217,13 @@ def _one_layer(donor, spec, layer, cold, traj, weights, rope, out, log, gang) ->
     return rec, traj
 
 
-def run_cli(model: str, out: str, *, layers: str | None, target: str, hot_per_layer: int, gang: int,
-            updates: int, micro_rows: int, reassign_every: int, emulate: bool, boundary_weight: float,
-            calib_windows: int, compare: bool, threads: int = 0) -> int:
-    """`quant run`: build the spec from CLI values (each config validates itself), run, print a table."""
-    from dataclasses import replace
-
+def run_main(spec: RunSpec, threads: int = 0) -> int:
+    """`quant run`: run the spec, print a table of every layer."""
     from rich.table import Table
 
-    from quant.pipeline import parse_layers
     if threads:
         torch.set_num_threads(threads)
-    spec = RunSpec(model=model, out=out, layers=tuple(parse_layers(layers)) if layers else None, target=target,
-                   hot_per_layer=hot_per_layer, gang=gang, boundary_weight=boundary_weight, compare=compare,
-                   pv=replace(PVConfig(), updates=updates, micro_rows=micro_rows, reassign_every=reassign_every,
-                              emulate=emulate),
-                   calib=replace(calib.CalibConfig(), train=calib_windows))
+    model, out, target = spec.model, spec.out, spec.target
     console = Console()
     records = run(spec, console)
     table = Table(title=f"ARVQ {model} -> {out} (target {target})",
