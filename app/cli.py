@@ -18,20 +18,22 @@ def _train(args: argparse.Namespace) -> int:
     from training.presets import run_config
     from training.train import TrainOptions
 
-    if args.workers and (args.topology is not None or args.device not in (None, "cpu")):
-        print("error: --workers: the topology is the real one ((world / --dp-shard) x --dp-shard) and workers "
-              "run on CPU (gloo); drop --topology/--device", file=sys.stderr)
+    if args.workers and args.topology is not None:
+        print("error: --workers: the topology is the real one ((world / --dp-shard) x --dp-shard); drop --topology",
+              file=sys.stderr)
         return 2
-    if not args.workers and args.dp_shard not in (None, 1):
-        print("error: --dp-shard: only with --workers (without it, give --topology RxS)", file=sys.stderr)
-        return 2
+    for flag, value in (("--dp-shard", args.dp_shard), ("--gpus-per-worker", args.gpus_per_worker)):
+        if not args.workers and value is not None:
+            print(f"error: {flag}: only with --workers (a one-process run's mesh is --topology RxS)", file=sys.stderr)
+            return 2
     cfg = run_config(args.config, args.micro_batch, args.corpus)
     topology = {"topology": Topology.parse(args.topology)} if args.topology is not None else {}
     opts = TrainOptions(args.steps, progress=not args.no_progress and not args.workers, **topology,
                         **_given(args, "checkpoint_every", "eval_every", "device", "backend", "threads"))
     if args.workers:
         from training.ray_train import ClusterOptions, main as ray_train, parse_workers
-        cluster = ClusterOptions(parse_workers(args.workers), **_given(args, "address", "max_failures", "dp_shard"))
+        cluster = ClusterOptions(parse_workers(args.workers),
+                                 **_given(args, "address", "max_failures", "dp_shard", "gpus_per_worker"))
         return ray_train(cfg, args.out, opts, cluster, args.resume)
     from training.train import main as train
     return train(cfg, args.out, opts, args.resume)
@@ -68,6 +70,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--address", default=None, help="with --workers: Ray cluster address (default: RAY_ADDRESS, "
                    "else a running local cluster, else a new one)")
     t.add_argument("--max-failures", type=int, help="with --workers: worker-group restarts allowed")
+    t.add_argument("--gpus-per-worker", type=float, help="with --workers --device cuda: GPUs per worker (default 1, "
+                   "NCCL; a share such as 0.5 puts workers on one GPU, gloo)")
     t.add_argument("--dp-shard", type=int, help="with --workers: HSDP, workers per replica that shard "
                    "the optimizer state (topology (workers / S) x S; default 1: plain data parallelism)")
     t.set_defaults(func=_train)

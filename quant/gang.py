@@ -31,9 +31,12 @@ class Member:
         torch.set_num_threads(1)  # bits do not depend on it; shared cores do
         self.group = None
 
-    def port(self) -> int:
+    def endpoint(self) -> tuple[str, int]:
+        """(this node's address, a free port): where rank 0 publishes the rendezvous, reachable from any node."""
+        import ray
+
         from collectives import free_port
-        return free_port()
+        return ray.util.get_node_ip_address(), free_port()
 
     def join(self, rank: int, world: int, addr: str, port: int, timeout_s: float) -> int:
         from collectives import CollectiveGroup
@@ -70,8 +73,9 @@ class Gang:
         remote = ray.remote(num_cpus=1, max_restarts=0)(Member)
         self.actors = [remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self.pg, placement_group_bundle_index=i)).remote() for i in range(n)]
-        port = ray.get(self.actors[0].port.remote(), timeout=timeout_s)
-        self.pids = ray.get([a.join.remote(i, n, "127.0.0.1", port, timeout_s) for i, a in enumerate(self.actors)],
+        # rank 0's node address, not 127.0.0.1: the placement group may put members on other nodes
+        addr, port = ray.get(self.actors[0].endpoint.remote(), timeout=timeout_s)
+        self.pids = ray.get([a.join.remote(i, n, addr, port, timeout_s) for i, a in enumerate(self.actors)],
                             timeout=timeout_s)
 
     def tune(self, problem, states: list[ExpertState], cfg: PVConfig,

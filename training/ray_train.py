@@ -3,15 +3,20 @@
 The driver (`python -m app train --workers MIN:MAX ...`) creates the run directory exactly as the one-process
 trainer does (config.json, run.json, the init record) plus a checkpoint of step 0, then starts a
 `TorchTrainer` with `ScalingConfig(num_workers=(MIN, MAX))` (or a fixed count) and
-`FailureConfig(max_failures=...)`. Every worker, on every (re)start of the worker group:
+`FailureConfig(max_failures=...)`. With `--device cuda` each worker gets a GPU (`use_gpu`, `--gpus-per-worker`
+of one: 1 by default, with NCCL; a share below 1 lets ranks share a GPU, with gloo on its CUDA tensors) and runs the
+step there, its exact accumulators all-reduced on the GPU and rank 0 hashing the state there. The driver makes the
+run directory and the checkpoint of step 0 on its CPU (it needs no GPU: the initialization's bits are the same on
+every device). Every worker, on every (re)start of the worker group:
 
-- joins the gloo process group Ray Train set up (world R, rank r) and wraps it (`TorchGroup`);
+- joins the process group Ray Train set up (world R, rank r; gloo, or NCCL) and wraps it (`TorchGroup`);
 - loads the latest verified checkpoint of the run directory (training/checkpoint.py) and restores the stream
   state; rank 0 also checks the hash log against it, keeps later records aside and re-checks them as the
   steps recur (Trainer's resume);
 - runs each step on topology "RxS" with S = --dp-shard (default 1) and R = world / S (a world that is not a
   multiple of S is refused with a ConfigError): it computes only the microbatches of the windows it owns
-  (m mod world == rank, stream.windows_for) into exact int64 gradient accumulators (training/step.py). With S = 1
+  (m mod world == rank, stream.windows_for: any count, none included) into exact int64 gradient accumulators
+  (training/step.py). With S = 1
   they are all-reduced (SUM) and every rank clips and runs AdamW on the full tensors. With S > 1 (HSDP,
   training/sharding.py) they are reduce-scattered within each replica of S ranks to the owners of contiguous
   slices of the flat parameter vector and summed across replicas; each owner clips with the global norm and
@@ -26,16 +31,16 @@ trainer does (config.json, run.json, the init record) plus a checkpoint of step 
   and do not hash the state.
 
 The run directory must be one the workers all see (a shared filesystem on a multi-node cluster; one local
-disk for `ray start --head` on one machine). Every step's window count must be a multiple of each world size
-the scaling range allows times micro_batch (e.g. 12 windows per step for 1..4 workers); a step refuses
-otherwise. With --dp-shard S, MIN and MAX of --workers must be multiples of S, and an elastic group of
-another size fails (counted against --max-failures). Not implemented on real workers: `ordered` reduction.
+disk for `ray start --head` on one machine). Any world size runs any step: ranks may own different numbers of
+windows, or none. With --dp-shard S, MIN and MAX of --workers must be multiples of S, and an elastic group of
+another size fails (counted against --max-failures); HSDP on GPUs needs a GPU per worker. Not implemented on real
+workers: `ordered` reduction.
 """
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # Ray Train V2 (elastic ScalingConfig) in ray 2.60
@@ -115,6 +120,13 @@ class ClusterOptions:
     address: str | None = None  # Ray cluster address (None: RAY_ADDRESS, else a running local one, else a new one)
     max_failures: int = 3  # worker-group restarts allowed
     dp_shard: int = 1  # HSDP: workers per replica that shard the optimizer state
+    gpus_per_worker: float = 1.0  # with --device cuda: a GPU each (NCCL), or a share of one (< 1: gloo)
+
+
+def torch_backend(device: str, gpus_per_worker: float) -> str:
+    """The process group's backend: gloo on CPU; NCCL with a GPU per worker. NCCL refuses two ranks on one GPU,
+    while gloo all-reduces CUDA tensors (docs/architecture.md, measured facts): ranks sharing a GPU use gloo."""
+    return "nccl" if device.startswith("cuda") and gpus_per_worker >= 1 else "gloo"
 
 
 def parse_workers(text: str) -> tuple[int, int]:
@@ -147,8 +159,15 @@ def worker_loop(config: dict) -> None:
     shard = config.get("dp_shard", 1)
     if world % shard:
         raise ConfigError(f"--dp-shard {shard}: the worker group has {world} workers, not a multiple of it")
+    device = "cpu"
+    if config.get("device", "cpu").startswith("cuda"):
+        import ray.train.torch
+
+        dev = ray.train.torch.get_device()  # the GPU Ray Train assigned this worker (shared ones: the same)
+        torch.cuda.set_device(dev)  # where NCCL's and all_gather_object's buffers go
+        device = str(dev)
     opts = TrainOptions(config["steps"], config["checkpoint_every"], config["eval_every"],
-                        Topology(world // shard, shard), "cpu", progress=False)
+                        Topology(world // shard, shard), device, progress=False, backend=config.get("backend", "ref"))
     t = RayTrainer(cfg, config["out"], opts, resume=True, group=group, writer=rank == 0)
     t.metrics.append({"event": "workers", "world": world, "from_step": t.state.step,
                       "checkpoint": str(t.resumed_from), "time": time.time()})
@@ -168,12 +187,14 @@ def worker_loop(config: dict) -> None:
 
 def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tuple[int, int], resume: bool = False,
               address: str | None = None, max_failures: int = 3, threads: int = 0, resize_interval_s: float = 60.0,
-              step_delay_s: float = 0.0, resources_per_worker: dict | None = None, dp_shard: int = 1) -> dict:
+              step_delay_s: float = 0.0, resources_per_worker: dict | None = None, dp_shard: int = 1,
+              gpus_per_worker: float = 1.0) -> dict:
     """Train (or resume) the run at `out` on Ray Train workers (HSDP with `dp_shard` > 1: each replica of
-    dp_shard workers shards the optimizer state); returns the run's summary ("end" event)."""
+    dp_shard workers shards the optimizer state); returns the run's summary ("end" event). With `opts.device`
+    cuda each worker takes `gpus_per_worker` of a GPU (module doc)."""
     import ray
     from ray.train import FailureConfig, RunConfig as RayRunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     out = Path(out).resolve()
     if opts.topology.world != 1:
@@ -184,8 +205,16 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
         raise ConfigError(f"--dp-shard: expected an int >= 1, got {dp_shard!r}")
     if workers[0] % dp_shard or workers[1] % dp_shard:
         raise ConfigError(f"--dp-shard {dp_shard}: --workers {workers[0]}:{workers[1]} must be multiples of it")
-    if not resume:  # the run directory, the init record and a checkpoint of step 0, as the one-process trainer
-        t = Trainer(cfg, out, opts)
+    gpu = opts.device.startswith("cuda")
+    if gpu and not (0 < gpus_per_worker <= 1 or gpus_per_worker == int(gpus_per_worker) > 1):
+        raise ConfigError(f"--gpus-per-worker: expected a share of one GPU (0, 1] or a whole number, got "
+                          f"{gpus_per_worker}")
+    backend = torch_backend(opts.device, gpus_per_worker)
+    if gpu and backend == "gloo" and dp_shard > 1:
+        raise ConfigError("--dp-shard with workers sharing a GPU: HSDP's collectives need a GPU per worker (NCCL)")
+    if not resume:  # the run directory, the init record and a checkpoint of step 0, as the one-process trainer;
+        # made on the driver's CPU, which needs no GPU: the initialization's bits are the same on every device
+        t = Trainer(cfg, out, replace(opts, device="cpu", backend="ref"))
         t.metrics.append({"event": "ray", "workers": f"{workers[0]}:{workers[1]}", "time": time.time()})
         t.checkpoint()
         t.log.close()
@@ -193,13 +222,14 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
     if not ray.is_initialized():
         ray.init(address=address)
     lo, hi = workers
-    scaling = ScalingConfig(num_workers=lo if lo == hi else (lo, hi), use_gpu=False,
-                            resources_per_worker=resources_per_worker or {"CPU": 1},
+    per_worker = resources_per_worker or ({"CPU": 1, "GPU": gpus_per_worker} if gpu else {"CPU": 1})
+    scaling = ScalingConfig(num_workers=lo if lo == hi else (lo, hi), use_gpu=gpu, resources_per_worker=per_worker,
                             **({} if lo == hi else {"elastic_resize_monitor_interval_s": resize_interval_s}))
     loop_cfg = {"cfg": cfg.to_dict(), "out": str(out), "steps": opts.steps, "checkpoint_every": opts.checkpoint_every,
                 "eval_every": opts.eval_every, "threads": threads, "cwd": os.getcwd(), "step_delay_s": step_delay_s,
-                "dp_shard": dp_shard}
+                "dp_shard": dp_shard, "device": opts.device, "backend": opts.backend}
     trainer = TorchTrainer(worker_loop, train_loop_config=loop_cfg, scaling_config=scaling,
+                           torch_config=TorchConfig(backend=backend),
                            run_config=RayRunConfig(name=out.name, storage_path=str(out / "ray"),
                                                    failure_config=FailureConfig(max_failures=max_failures)))
     result = trainer.fit()
@@ -216,7 +246,7 @@ def main(cfg: RunConfig, out: str | Path, opts: TrainOptions, cluster: ClusterOp
     from rich.console import Console
 
     s = train_ray(cfg, out, opts, cluster.workers, resume, cluster.address, cluster.max_failures, opts.threads,
-                  dp_shard=cluster.dp_shard)
+                  dp_shard=cluster.dp_shard, gpus_per_worker=cluster.gpus_per_worker)
     lo, hi = cluster.workers
     Console(soft_wrap=True).print(
         f"run {s['run']}: {s['steps']} steps on Ray workers {lo}:{hi} (dp_shard {cluster.dp_shard}), "

@@ -217,49 +217,72 @@ def mesh_order(topo: Topology, accum: int) -> list[Coord]:
     return [Coord(r, s, a) for r in range(topo.dp_replicate) for s in range(topo.dp_shard) for a in range(accum)]
 
 
-def _checked(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topo: Topology,
-             accum: int) -> Iterator[tuple[Coord, dict[str, torch.Tensor]]]:
-    want = mesh_order(topo, accum)
+def _checked(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]],
+             want: list[Coord]) -> Iterator[tuple[Coord, dict[str, torch.Tensor]]]:
     i = 0
     for c, g in partials:
         if i >= len(want) or c != want[i]:
             raise ConfigError(f"reduction: partial {i} is {c}, expected {want[i] if i < len(want) else 'none'} "
-                              f"(mesh order of {topo.label()} x accum {accum})")
+                              f"(the step's microbatches in mesh order)")
         i += 1
         yield c, g
     if i != len(want):
-        raise ConfigError(f"reduction: got {i} partials, the mesh {topo.label()} x accum {accum} has {len(want)}")
+        raise ConfigError(f"reduction: got {i} partials, the step has {len(want)} microbatches")
 
 
-def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], ops=None) -> dict[str, ExactSum]:
+def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], ops=None,
+               like: dict[str, torch.Tensor] | None = None,
+               weight: dict[Coord, int] | None = None) -> dict[str, ExactSum]:
     """Per tensor name, the ExactSum of the partials (any order, any subset: e.g. one real rank's microbatches).
 
-    `ops`: the op backend (ExactSum's fused kernels under kernels.backend("triton")); None is eager."""
-    sums: dict[str, ExactSum] = {}
-    for _, g in partials:
-        for k, v in g.items():
-            if k not in sums:
-                sums[k] = ExactSum(tuple(v.shape), v.device, ops)
-            sums[k].add(v)
+    `ops`: the op backend (ExactSum's fused kernels under kernels.backend("triton")); None is eager. `like`: a
+    tensor per name, so that a rank with no partial still holds a (zero) sum of every tensor to all-reduce.
+    `weight`: how many times a microbatch's partial enters the sum (default once); adding it w times is exact."""
+    sums: dict[str, ExactSum] = {k: ExactSum(tuple(v.shape), v.device, ops) for k, v in (like or {}).items()}
+    for c, g in partials:
+        for _ in range(weight[c] if weight else 1):
+            for k, v in g.items():
+                if k not in sums:
+                    sums[k] = ExactSum(tuple(v.shape), v.device, ops)
+                sums[k].add(v)
     return sums
 
 
 def exact_result(sums: dict[str, ExactSum], n: int) -> dict[str, torch.Tensor]:
-    """The mean over `n` microbatches from the (possibly all-reduced) exact sums."""
+    """The mean over `n` partials from the (possibly all-reduced) exact sums."""
     return {k: s.result(1.0 / n) for k, s in sums.items()}
 
 
-def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topology: Topology, accum: int,
-                     mode: str = "exact", ops=None) -> dict[str, torch.Tensor]:
-    """The mean gradient over all microbatches of a step, reduced by `mode` (module doc); float32 tensors.
+def uniform_accum(coords: list[Coord], topology: Topology) -> int:
+    """The microbatches per rank when every rank has the same number (what `ordered` needs); else ConfigError."""
+    per_rank: dict[tuple[int, int], int] = {}
+    for c in coords:
+        per_rank[(c.replica, c.shard)] = per_rank.get((c.replica, c.shard), 0) + 1
+    counts = {per_rank.get((r, s), 0) for r in range(topology.dp_replicate) for s in range(topology.dp_shard)}
+    if len(counts) != 1 or 0 in counts:
+        raise ConfigError(f"train.reduction='ordered' on {topology.label()}: its ranks run {sorted(counts)} "
+                          f"microbatches; the ordered fold needs the same number on every rank (use 'exact', which "
+                          f"takes any split)")
+    return counts.pop()
+
+
+def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topology: Topology,
+                     coords: list[Coord], mode: str = "exact", ops=None,
+                     weights: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """The mean gradient over a step's windows, reduced by `mode` (module doc); float32 tensors. `coords`: the
+    step's microbatches in mesh order; `weights` (exact only): how many times each enters the sum (default once).
 
     `partials` may be a generator: at most one partial (plus the accumulators) is resident at a time.
     """
     if mode not in REDUCTIONS:
         raise ConfigError(f"train.reduction: expected one of {REDUCTIONS}, got {mode!r}")
-    it = _checked(partials, topology, accum)
+    it = _checked(partials, coords)
     if mode == "exact":
-        return exact_result(exact_sums(it, ops), topology.world * accum)
+        w = dict(zip(coords, weights)) if weights is not None else None
+        return exact_result(exact_sums(it, ops, weight=w), sum(weights) if weights is not None else len(coords))
+    if weights is not None and set(weights) != {1}:
+        raise ConfigError("train.reduction='ordered': microbatches of different sizes (use 'exact')")
+    accum = uniform_accum(coords, topology)
     fold = TreeFold()
     inner = rank = None
     for c, g in it:

@@ -44,7 +44,7 @@ from training.errors import ConfigError
 from training.model import forward, rope_for
 from training.optim import SpikeState, adamw_update, clip, spike_decision
 from training.params import ParamSpec, spec_map
-from training.reduction import Coord, exact_result, exact_sums, mesh_order, reduce_gradients
+from training.reduction import Coord, exact_result, exact_sums, reduce_gradients
 from training.sharding import Shard, ShardedStep
 from kernels.ref.reduce import exact_mean
 
@@ -77,7 +77,7 @@ class StepResult:
     step: int
     windows: tuple[int, int]
     topology: str
-    accum: int
+    accum: int  # the step's microbatches over all ranks (with micro_batch 1: its windows, on any world)
     loss: float
     ce: float
     z: float
@@ -124,20 +124,25 @@ def schedules(cfg: RunConfig) -> tuple[stream.BatchSchedule, stream.LRSchedule]:
 
 
 def microbatch_plan(step: int, topology: Topology, micro_batch: int,
-                    batch: stream.BatchSchedule) -> tuple[int, list[tuple[Coord, list[int]]]]:
-    """(accum, [(coord, window indices)] in mesh order) for `step` on `topology`."""
-    lo, hi = batch.window_range(step)
-    per_rank = (hi - lo) // topology.world
-    if (hi - lo) % topology.world or per_rank % micro_batch or per_rank == 0:
-        raise ConfigError(f"topology: step {step} has {hi - lo} windows, not a multiple of world {topology.world} "
-                          f"x micro_batch {micro_batch}")
-    accum = per_rank // micro_batch
+                    batch: stream.BatchSchedule) -> list[tuple[Coord, list[int]]]:
+    """[(coord, window indices)] of `step` on `topology`, in mesh order (replica-major, shard-minor, then the
+    rank's microbatches): rank r's windows (m mod world == r) cut into runs of `micro_batch`, the last run shorter
+    where they do not divide. Ranks may own different numbers of windows, or none (then no microbatch)."""
     plan = []
-    for c in mesh_order(topology, accum):
-        rank = c.replica * topology.dp_shard + c.shard
+    for rank in range(topology.world):
         owned = list(stream.windows_for(step, rank, topology.world, batch))
-        plan.append((c, owned[c.micro * micro_batch:(c.micro + 1) * micro_batch]))
-    return accum, plan
+        replica, shard = divmod(rank, topology.dp_shard)
+        for i in range(0, len(owned), micro_batch):
+            plan.append((Coord(replica, shard, i // micro_batch), owned[i:i + micro_batch]))
+    return plan
+
+
+def weights(plan: list[tuple[Coord, list[int]]]) -> list[int]:
+    """How many times each microbatch's gradient enters the step's sum: once each when every microbatch holds as
+    many windows (the mean over microbatches is then the mean over windows), else its window count (the exact
+    sum takes a partial w times exactly), so that every window weighs the same."""
+    sizes = [len(w) for _, w in plan]
+    return [1] * len(plan) if len(set(sizes)) <= 1 else sizes
 
 
 class _HashClock:
@@ -226,7 +231,9 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     if t.heldout_windows and hi > t.heldout_window:
         raise ConfigError(f"step {step} would train on windows [{lo}, {hi}) past train.heldout_window="
                           f"{t.heldout_window}: the held-out slice; raise heldout_window or stop earlier")
-    accum, plan = microbatch_plan(step, topology, t.micro_batch, ctx.batch)
+    plan = microbatch_plan(step, topology, t.micro_batch, ctx.batch)
+    coords, weight = [c for c, _ in plan], weights(plan)
+    n = sum(weight)  # the partials the mean is over: the step's microbatches, or its windows (weights' doc)
     sharded = None
     if group is not None:
         if topology.world != group.world:
@@ -236,7 +243,7 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
             raise ConfigError(f"train.reduction={t.reduction!r} on {group.world} real workers: only 'exact' is "
                               f"wired to real collectives")
         me = divmod(group.rank, topology.dp_shard)  # (replica, shard)
-        plan = [(c, w) for c, w in plan if (c.replica, c.shard) == me]
+        plan = [(c, w) for c, w in plan if (c.replica, c.shard) == me]  # possibly none: it adds zeros
         if topology.dp_shard > 1:
             sharded = ShardedStep(state, topology.dp_shard, group)
     if state.shard is not None and sharded is None:
@@ -249,16 +256,16 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     clock = _HashClock(tokens.device)
     parts = _partials(params32, tokens, lo, plan, ctx, losses, partial_digests, load, clock)
     if group is None:
-        reduced = reduce_gradients(parts, topology, accum, t.reduction, ops=ctx.ops)
+        reduced = reduce_gradients(parts, topology, coords, t.reduction, ctx.ops, weight)
     else:
-        sums = exact_sums(parts, ctx.ops)
+        sums = exact_sums(parts, ctx.ops, like=params32, weight=dict(zip(coords, weight)))
         if sharded is not None:
-            reduced = sharded.reduce(sums, topology.world * accum)  # my slice of it
+            reduced = sharded.reduce(sums, n)  # my slice of it
         else:
             for k in sorted(sums):  # the same order on every rank
                 for buf in sums[k].shared():
                     group.all_reduce_sum_(buf)
-            reduced = exact_result(sums, topology.world * accum)
+            reduced = exact_result(sums, n)
         # every rank sees every microbatch's rows, digests and loads (in window order after the sort below)
         mine = ([(w, x.tolist()) for w, x in losses], _read(partial_digests),
                 {k: v.tolist() for k, v in load.items()})
@@ -297,7 +304,7 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     digests, t0 = {}, time.perf_counter()
     if t.stage_digests and (sharded is None or sharded.writer):
         digests, t0 = _stage_digests(per_mb, partial_digests, reduced, clipped, state, memo, clock)
-    return StepResult(step, (lo, hi), topology.label(), accum, float(means[0]), float(means[1]), float(means[2]),
+    return StepResult(step, (lo, hi), topology.label(), len(coords), float(means[0]), float(means[1]), float(means[2]),
                       float(norm), float(coef), lr, applied, triggered, digests,
                       time.perf_counter() - t0 + clock.seconds(),
                       {k: [int(c) for c in v.tolist()] for k, v in load.items()}, memo)

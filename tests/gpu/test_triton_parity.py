@@ -337,7 +337,7 @@ def test_reduce_gradients_exact_fused():
 
     def run(dev, ops):
         ps = ((c, {k: p[i].to(dev) for k, p in parts.items()}) for i, c in enumerate(mesh_order(topo, accum)))
-        return reduce_gradients(ps, topo, accum, "exact", ops=ops)
+        return reduce_gradients(ps, topo, mesh_order(topo, accum), "exact", ops=ops)
 
     assert_same(run(CUDA, TRITON), run(CUDA, None), run("cpu", None))
 

@@ -73,9 +73,9 @@ def _partials(topo: Topology, accum: int, per_window: list[torch.Tensor]):
 @pytest.mark.parametrize("shape", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (1, 8), (8, 1)])
 def test_exact_mode_bits_do_not_depend_on_the_topology(shape):
     per_window = [_draw(i) for i in range(8)]
-    ref = reduce_gradients(_partials(Topology(1, 1), 8, per_window), Topology(1, 1), 8, "exact")["w"]
+    ref = reduce_gradients(_partials(Topology(1, 1), 8, per_window), Topology(1, 1), mesh_order(Topology(1, 1), 8), "exact")["w"]
     topo = Topology(*shape)
-    got = reduce_gradients(_partials(topo, 8 // topo.world, per_window), topo, 8 // topo.world, "exact")["w"]
+    got = reduce_gradients(_partials(topo, 8 // topo.world, per_window), topo, mesh_order(topo, 8 // topo.world), "exact")["w"]
     assert bits_equal(got, ref)
 
 
@@ -104,7 +104,7 @@ def _algorithm_1(topo: Topology, accum: int, per_window: list[torch.Tensor]) -> 
 def test_ordered_mode_is_algorithm_1(shape):
     topo = Topology(*shape)
     per_window = [_draw(i) for i in range(topo.world * 2)]
-    got = reduce_gradients(_partials(topo, 2, per_window), topo, 2, "ordered")["w"]
+    got = reduce_gradients(_partials(topo, 2, per_window), topo, mesh_order(topo, 2), "ordered")["w"]
     assert bits_equal(got, _algorithm_1(topo, 2, per_window))
 
 
@@ -114,13 +114,13 @@ def test_ordered_mode_depends_on_the_topology_as_designed():
     def red(r, s):
         topo = Topology(r, s)
         acc = 12 // topo.world
-        return reduce_gradients(_partials(topo, acc, per_window), topo, acc, "ordered")["w"]
+        return reduce_gradients(_partials(topo, acc, per_window), topo, mesh_order(topo, acc), "ordered")["w"]
 
     # a fold over replicas and one over shards add the same pair (or triple) in the same order
     assert bits_equal(red(2, 1), red(1, 2)) and bits_equal(red(3, 1), red(1, 3))
     # a different ownership changes which windows each rank sums, and the order of the adds
     assert not bits_equal(red(1, 1), red(2, 1)) and not bits_equal(red(2, 1), red(3, 1))
-    exact = reduce_gradients(_partials(Topology(1, 1), 12, per_window), Topology(1, 1), 12, "exact")["w"]
+    exact = reduce_gradients(_partials(Topology(1, 1), 12, per_window), Topology(1, 1), mesh_order(Topology(1, 1), 12), "exact")["w"]
     for shape in [(1, 1), (2, 1), (3, 1), (2, 3)]:
         assert torch.allclose(red(*shape), exact, rtol=1e-5, atol=1e-6)
 
@@ -129,9 +129,9 @@ def test_partials_out_of_mesh_order_are_refused():
     per_window = [_draw(i) for i in range(4)]
     bad = [(Coord(0, 1, 0), {"w": per_window[0]}), (Coord(0, 0, 0), {"w": per_window[1]})]
     with pytest.raises(ConfigError, match="mesh order"):
-        reduce_gradients(iter(bad), Topology(1, 2), 1, "exact")
+        reduce_gradients(iter(bad), Topology(1, 2), mesh_order(Topology(1, 2), 1), "exact")
     with pytest.raises(ConfigError, match="partials"):
-        reduce_gradients(iter(bad[1:]), Topology(1, 2), 1, "ordered")
+        reduce_gradients(iter(bad[1:]), Topology(1, 2), mesh_order(Topology(1, 2), 1), "ordered")
 
 
 def test_one_partial_takes_the_short_path_with_the_limbs_bits():
@@ -144,3 +144,28 @@ def test_one_partial_takes_the_short_path_with_the_limbs_bits():
     long.add(torch.zeros_like(g))  # forces the limbs
     for scale in (1.0, 1.0 / 3):
         assert bits_equal(short.result(scale), long.result(scale))
+
+
+@pytest.mark.parametrize("world", [3, 5, 7, 11])
+def test_uneven_ranks_and_short_microbatches_weigh_every_window_the_same(world):
+    """8 windows on `world` ranks, microbatches of up to 2 windows: ranks own different counts (or none), some
+    microbatches hold one window. Each partial is the mean of its windows' gradients; entering the sum once per
+    window it holds, the result is the correctly rounded mean over the 8 windows, whatever the split."""
+    from training.step import microbatch_plan, weights
+
+    import stream
+
+    per_window = [_draw(i, 9) for i in range(8)]
+    batch = stream.BatchSchedule(64, (stream.BatchPhase(1 << 40, 8),))
+    topo = Topology(world, 1)
+    plan = microbatch_plan(0, topo, 2, batch)
+    # a microbatch's partial: the mean of its windows' gradients (as the loss is a mean over its tokens)
+    parts = [(c, {"w": (per_window[w[0]] + per_window[w[1]]) * torch.tensor(0.5) if len(w) == 2
+                  else per_window[w[0]]}) for c, w in plan]
+    got = reduce_gradients(iter(parts), topo, [c for c, _ in plan], "exact", weights=weights(plan))["w"]
+    for j in range(9):
+        # 2 * ((a + b) * 0.5) is a + b exactly unless the float32 sum rounded; the mean over windows as reduced
+        want = sum(Fraction(float(g["w"][j])) * n for (_, g), n in zip(parts, weights(plan))) / 8
+        assert float(got[j]) == float(torch.tensor(float(want), dtype=torch.float32))
+    with pytest.raises(ConfigError, match="ordered"):
+        reduce_gradients(iter(parts), topo, [c for c, _ in plan], "ordered", weights=weights(plan))

@@ -8,7 +8,7 @@ from training.errors import ConfigError
 from training.init import init_params
 from training.optim import SpikeState, spike_decision
 from training.state_hash import state_entries, state_hash
-from training.step import StepContext, TrainState, microbatch_plan, run_step
+from training.step import StepContext, TrainState, microbatch_plan, run_step, weights
 
 SHAPES = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2)]
 
@@ -52,12 +52,18 @@ def test_ordered_reduction_matches_where_the_fold_is_the_same(eight):
 
 def test_microbatch_plan_follows_window_ownership(eight):
     batch = stream.BatchSchedule(64, (stream.BatchPhase(1 << 40, 8),))
-    accum, plan = microbatch_plan(3, Topology(2, 2), 2, batch)
-    assert accum == 1
-    assert [(c.replica, c.shard, w) for c, w in plan] == [(0, 0, [24, 28]), (0, 1, [25, 29]), (1, 0, [26, 30]),
-                                                          (1, 1, [27, 31])]
-    with pytest.raises(ConfigError, match="not a multiple"):
-        microbatch_plan(0, Topology(3, 1), 1, batch)
+    plan = microbatch_plan(3, Topology(2, 2), 2, batch)
+    assert [(c.replica, c.shard, c.micro, w) for c, w in plan] == [
+        (0, 0, 0, [24, 28]), (0, 1, 0, [25, 29]), (1, 0, 0, [26, 30]), (1, 1, 0, [27, 31])]
+    assert weights(plan) == [1, 1, 1, 1]  # every microbatch full: the mean over microbatches
+    # any world: 8 windows on 3 ranks own 3, 3 and 2; cut by 2, rank 0 and 1 run a full and a short microbatch
+    plan = microbatch_plan(0, Topology(3, 1), 2, batch)
+    assert [(c.replica, c.micro, w) for c, w in plan] == [(0, 0, [0, 3]), (0, 1, [6]), (1, 0, [1, 4]), (1, 1, [7]),
+                                                          (2, 0, [2, 5])]
+    assert weights(plan) == [2, 1, 2, 1, 2]  # then each window weighs the same: partials enter by their window count
+    # more ranks than windows: ranks 8 and 9 own none and run nothing
+    plan = microbatch_plan(0, Topology(10, 1), 1, batch)
+    assert [(c.replica, w) for c, w in plan] == [(r, [r]) for r in range(8)]
 
 
 def test_spike_protocol_skips_the_trigger_and_four_more():
