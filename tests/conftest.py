@@ -57,15 +57,17 @@ def tiny1(tiny: RunConfig) -> RunConfig:
     return tiny.replace(**{"train.micro_batch": 1})
 
 
-# The heaviest test files, in the order xdist should start them (seconds on a 2-core machine, from `make test` with
-# --durations=0: the demo story ~300-500, test_train ~300, test_ray_elastic ~200, the committed log ~100, the Ray
-# equivalence tests ~60-80 each). xdist hands files out in collection order (--no-loadscope-reorder) and starts each
-# of its two workers with two: the first and third go to one, the second and fourth to the other. So the two longest
-# go first and apart, a light file third keeps test_train off the demo story's worker, and what is left is pulled by
-# whichever worker is free. The rest keep pytest's order.
+# The heaviest test files, in the order xdist should start them (seconds on a 2-core machine, from a whole suite run
+# with --durations: the demo story ~300 alone and ~500 beside other work, test_train ~300, test_ray_elastic ~240
+# (mostly Ray noticing lost nodes), test_any_world ~150, the committed log ~100, the Ray equivalence tests ~60-80
+# each). xdist hands files out in collection order (--no-loadscope-reorder) and starts each of its two workers with
+# two: the first and third go to one, the second and fourth to the other. So the two longest go first and apart, a
+# light file third keeps test_train off the demo story's worker, and what is left goes to whichever worker is free.
+# The rest keep pytest's order.
 HEAVIEST_FIRST = ("tests/app/test_demo_story.py", "tests/training/test_ray_elastic.py", "tests/test_layering.py",
-                  "tests/training/test_train.py", "tests/training/test_committed_logs.py",
-                  "tests/training/test_ray_hsdp.py", "tests/training/test_ray_train.py")
+                  "tests/training/test_train.py", "tests/training/test_any_world.py",
+                  "tests/training/test_committed_logs.py", "tests/training/test_ray_hsdp.py",
+                  "tests/training/test_ray_train.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
