@@ -9,11 +9,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # rank of each package: a module may import its own package and packages of a lower rank only
 RANKS = {"kernels": 0, "stream": 0, "collectives": 0, "training": 1, "replay": 2, "quant": 2, "app": 3}
+# what some packages must not import beyond that: the stream prepares corpora without torch, the collectives run in
+# any process group (no ray), and nothing unpickles (checkpoints and ARVQ files are safetensors and JSON)
+NEVER = {"stream": {"torch", "pickle"}, "collectives": {"ray", "pickle"}, "quant": {"pickle"}, "training": {"pickle"},
+         "replay": {"pickle"}}
 
 
 def _module_name(root: Path, path: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _names(path: Path) -> set[str]:
+    """Every module name `path` imports, ours or not, as written (relative imports left out)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return out
 
 
 def _imports(root: Path, path: Path, modules: set[str]) -> set[str]:
@@ -90,6 +105,14 @@ def test_every_import_points_down_a_layer():
 
 def test_no_modules_import_each_other():
     assert cycles(import_graph(ROOT)) == []
+
+
+def test_packages_keep_their_own_rules():
+    for pkg, never in NEVER.items():
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            bad = sorted(n for n in _names(path) if n.split(".")[0] in never)
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+            assert "torch.load(" not in path.read_text(), f"{path.relative_to(ROOT)} calls torch.load (a pickle)"
 
 
 def test_no_test_imports_a_benchmark():
