@@ -8,7 +8,7 @@ the run directory and the checkpoint of step 0 on its CPU, then one worker train
 group of one): its steps are the one-process steps plus whatever Ray Train adds to each.
 
     python benchmarks/ray_overhead.py --config small-parity --device cuda --backend triton --steps 40 \\
-        --out docs/results/ray_overhead_h100.json
+        --out benchmarks/results/ray_overhead_h100.json
 """
 from __future__ import annotations
 
