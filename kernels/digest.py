@@ -184,14 +184,14 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     a, b = a.detach().cpu(), b.detach().cpu()
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    ints = _INTS[a.element_size()]
     return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
 
 
 def first_mismatch(a: torch.Tensor, b: torch.Tensor):
     """(index, a value, b value) of the first element whose bits differ, or None."""
     a, b = a.detach().cpu(), b.detach().cpu()
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    ints = _INTS[a.element_size()]
     diff = a.contiguous().view(ints) != b.contiguous().view(ints)
     if not bool(diff.any()):
         return None

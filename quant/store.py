@@ -135,15 +135,20 @@ def write_layer(out: str | Path, layer: int, projections: dict[str, RVQProjectio
             "bits_per_weight": bits_per_weight(n, k, p.n_experts), "decoded_sample_blake3": _sample_digest(p)}
     final = out / layer_dir(layer)
     old = None
+    if final.exists():  # a republished layer: the old files go aside until the manifest no longer lists them
+        old = Path(tempfile.mkdtemp(prefix=f".old-{layer_dir(layer)}-", dir=out))
+        os.rename(final, old / "layer")
     try:
-        if final.exists():  # a republished layer: the old files go aside until the manifest no longer lists them
-            old = Path(tempfile.mkdtemp(prefix=f".old-{layer_dir(layer)}-", dir=out))
-            os.rename(final, old / "layer")
         with atomic_directory(final) as tmp:
             for proj, data in blobs.items():
                 (tmp / f"{proj}.safetensors").write_bytes(data)
         manifest["layers"][str(layer)] = entry
         atomic_write_bytes(out / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    except BaseException:
+        if old is not None:  # the manifest still lists the old layer: put its files back
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(old / "layer", final)
+        raise
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
+from replay.compare import CODE_BOUND  # noqa: E402  (what only the code version changes)
 from training.presets import SMALL_PARITY  # noqa: E402
 from training.ray_train import train_ray  # noqa: E402
 from training.rundir import HASHLOG, read_jsonl  # noqa: E402
@@ -26,8 +27,6 @@ from training.train import TrainOptions, train  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 CPU_LOG = ROOT / "docs" / "results" / "parity-small-parity-cpu-codebf689640.hashlog.jsonl"
 STEPS = 50
-# what only the code version changes: the version itself and the hashes that cover it (replay/compare.py)
-CODE_BOUND = ("code_version", "state_hash", "chain_hash")
 
 
 def _cfg(corpus: Path):
