@@ -14,16 +14,16 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	RAY_AUTH_MODE=disabled $(BIN)/python -m app demo
+	$(BIN)/python -m app demo
 
 # the tiny model on 2 Ray Train workers of a local Ray instance the command starts and stops (docs/cluster.md)
 demo-ray: $(STAMP)
-	RAY_AUTH_MODE=disabled $(BIN)/python -m app demo --workers 2
+	$(BIN)/python -m app demo --workers 2
 
 # two pytest workers, a test module whole on one (its fixtures built once): the Ray scenario tests spend much of
 # their time waiting (cluster start-up, a lost node's detection, a resize), which the other worker fills
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV)

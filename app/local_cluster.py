@@ -7,7 +7,7 @@ controller and, after training, the auditors (every node's CPUs serve them once 
 """
 from __future__ import annotations
 
-import os
+from training.ray_auth import token_auth
 
 SLOT = "trainslot"  # the custom resource one training worker needs
 WORKER_RESOURCES = {"CPU": 1, SLOT: 1}
@@ -25,7 +25,7 @@ class LocalCluster:
         import ray
         from ray.cluster_utils import Cluster
 
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        token_auth()  # before the head starts: its processes and every node's inherit the mode and the token
         if ray.is_initialized():
             raise RuntimeError("LocalCluster: this process is already connected to Ray; it starts its own cluster")
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": self.head_cpus})

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from training.presets import run_config  # noqa: E402
+from training.ray_auth import token_auth  # noqa: E402
 from training.rundir import HASHLOG, METRICS, read_jsonl  # noqa: E402
 from training.train import TrainOptions, train  # noqa: E402
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens_per_step = None
     rows, logs = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        token_auth()
         ray.init(address="local", num_cpus=4, num_gpus=1 if a.device.startswith("cuda") else 0,
                  include_dashboard=False, log_to_driver=False)
         try:

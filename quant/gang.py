@@ -18,6 +18,7 @@ import torch
 from quant.errors import QuantError
 from quant.experts import ExpertState
 from quant.pv import PVConfig
+from training.ray_auth import token_auth
 
 
 class GangError(QuantError):
@@ -65,6 +66,7 @@ class Gang:
         if n < 1:
             raise GangError(f"--gang must be >= 1, got {n}")
         if not ray.is_initialized():
+            token_auth()
             ray.init(address="local", num_cpus=max(n, os.cpu_count() or 1), include_dashboard=False,
                      log_to_driver=False)  # a new instance, never a cluster some other process left behind
         self.n, self.timeout_s, self.ray = n, timeout_s, ray

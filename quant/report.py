@@ -115,7 +115,7 @@ NOTES = """
     .venv/bin/python -m app train --config tiny-moe --steps 400 --out runs/tiny-moe-arvq   # the donor (~9 min, 2 cores)
     .venv/bin/python -m app quant run --model runs/tiny-moe-arvq --out runs/arvq            # every layer, in process
     .venv/bin/python -m app quant run --model runs/tiny-moe-arvq --out runs/arvq-g2 --gang 2  # 2 Ray actors, same bits
-    RAY_AUTH_MODE=disabled .venv/bin/python -m pytest -q tests/quant                        # incl. gang N = 1, 2, 4
+    .venv/bin/python -m pytest -q tests/quant                                               # incl. gang N = 1, 2, 4
 
 A rerun of `quant run` with the same OUT resumes after the last published layer (a different recipe is
 refused). OUT holds manifest.json (the commit point), layer_NNNN/{w13,w2}.safetensors, cache/ (the rolling

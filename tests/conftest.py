@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,13 +11,32 @@ import torch
 
 from training.config import RunConfig
 from training.presets import TINY
+from training.ray_auth import TOKEN, TOKEN_PATH, token_auth
+
+_token_dir: str | None = None
+
+
+def pytest_configure(config):
+    """Every Ray the tests start requires a token (training.ray_auth), this test session's own: the suite neither
+    reads nor writes the user's ~/.ray/auth_token. xdist's workers inherit the variables from the controller."""
+    global _token_dir
+    if not os.environ.get(TOKEN) and not os.environ.get(TOKEN_PATH):
+        _token_dir = tempfile.mkdtemp(prefix="ray-token-")
+        path = Path(_token_dir) / "auth_token"
+        path.write_text(os.urandom(32).hex())
+        os.environ[TOKEN_PATH] = str(path)
+    token_auth()
+
+
+def pytest_unconfigure(config):
+    if _token_dir is not None:
+        shutil.rmtree(_token_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def ray_session():
     """A small local Ray for a test module (reused if one is already running), shut down after it."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:
         # "local": our own instance, even while another pytest worker's simulated cluster is the latest address
@@ -74,3 +95,22 @@ def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     root = Path(__file__).resolve().parent.parent
     items.sort(key=lambda item: rank.get(Path(item.fspath).resolve().relative_to(root).as_posix(), len(rank)))
+
+
+@pytest.fixture
+def submit_job():
+    """submit(client, **kwargs) -> job id: `JobSubmissionClient.submit_job`, retried while the head's job agent is
+    still starting (Ray answers 500 "No available agent" for a while after a head starts on a busy machine)."""
+    import time
+
+    def submit(client, **kwargs) -> str:
+        deadline = time.time() + 120
+        while True:
+            try:
+                return client.submit_job(**kwargs)
+            except RuntimeError as e:
+                if "No available agent" not in str(e) or time.time() > deadline:
+                    raise
+                time.sleep(1)
+
+    return submit

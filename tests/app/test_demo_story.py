@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 pytestmark = pytest.mark.slow
 STEPS, GROW_AT = 200, 100

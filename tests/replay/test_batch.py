@@ -4,7 +4,6 @@ certificates on parquet, two jobs merged, a tampered log, another run's certific
 The second hardware kind is simulated: a job whose auditors ask for the `cpu_arm` resource the fixture
 advertises and record their kind as cpu_arm (`kind_override`, marked "override" in the certificate). Real
 ARM certificates come from an ARM node (see docs/audit.md)."""
-import os
 import shutil
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from replay.certificates import SCHEMA, RunLog, read_certificates
 from replay.coverage import coverage_of
 
 pytestmark = pytest.mark.slow
-os.environ["RAY_AUTH_MODE"] = "disabled"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from training.train import TrainOptions, train  # noqa: E402
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.3")  # the controller's poll (2 s): start and end sooner
 
 from training.config import Topology  # noqa: E402
