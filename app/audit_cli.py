@@ -24,8 +24,9 @@ def add_replay_command(asub: argparse._SubParsersAction) -> None:
     r.add_argument("--device", default="cpu", help="cpu or cuda")
     r.add_argument("--backend", default="ref", choices=("ref", "triton"),
                    help="op library: ref or triton (the Triton twins on CUDA); a MATCH means the same bits either way")
-    r.add_argument("--corpus", default=None, help="read this copy of the corpus instead of the config's; manifest "
-                                                 "differences are reported, the tokens checked by the step digests")
+    r.add_argument("--corpus", default=None, help="read this copy of the corpus (default: the config's, else where the "
+                                                 "run read it); manifest differences are reported, the tokens "
+                                                 "checked by the step digests")
     r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")
     r.add_argument("--no-progress", action="store_true", help="no live progress display")
     r.set_defaults(func=_replay)
@@ -34,7 +35,8 @@ def add_replay_command(asub: argparse._SubParsersAction) -> None:
 def _batch(args: argparse.Namespace) -> int:
     from replay.batch import BatchOptions, batch_main
     return batch_main(args.run, BatchOptions(args.steps, args.segment, args.address, args.device, args.resources,
-                                             args.kind, args.kind_override, args.num_cpus, not args.no_progress))
+                                             args.kind, args.kind_override, args.num_cpus, not args.no_progress,
+                                             args.corpus))
 
 
 def _coverage(args: argparse.Namespace) -> int:
@@ -59,6 +61,8 @@ def add_batch_commands(asub: argparse._SubParsersAction) -> None:
     b.add_argument("--resources", default=None, help='per-auditor Ray resources as JSON, e.g. {"cpu_arm": 1} or '
                                                     '{"num_gpus": 1, "num_cpus": 4}; replaces the default')
     b.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
+    b.add_argument("--corpus", default=None, help="read this copy of the corpus (readable at the same path by every "
+                                                 "auditor); default: the config's, else where the run read it")
     b.add_argument("--kind-override", default=None, help=argparse.SUPPRESS)  # tests: simulate another kind
     b.add_argument("--no-progress", action="store_true", help="no live progress display")
     b.set_defaults(func=_batch)

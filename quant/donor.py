@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from training.checkpoint import read_manifest, verify_files
 from training.rundir import ckpt_dir, list_checkpoints
+from stream.fileio import check_safetensors_header
 from training.config import RunConfig, from_dict
 from training.layers import ffn
 from training.model import attention_block, rope_for
@@ -28,7 +29,7 @@ from kernels.ref.contraction import hp_matmul
 from kernels.ref.embedding import embedding
 from kernels.ref.rmsnorm import rmsnorm
 from kernels.ref.softmax import softmax
-from quant.errors import ConfigError
+from quant.errors import ConfigError, FormatError
 from quant.objective import routed_rows
 
 F32 = torch.float32
@@ -69,6 +70,10 @@ def load_donor(run: str | Path, step: int | None = None) -> Donor:
     cfg = from_dict(manifest["config"])
     if cfg.model.moe is None:
         raise ConfigError(f"--model {run}: config {cfg.name!r} has no MoE layers; ARVQ needs routed experts")
+    try:
+        check_safetensors_header(path / "params.safetensors")
+    except ValueError as exc:
+        raise FormatError(f"{path / 'params.safetensors'}: {exc}") from None
     params = {k: v.to(F32) for k, v in load_file(str(path / "params.safetensors")).items()}
     return Donor(cfg, params, str(path), step)
 

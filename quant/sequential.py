@@ -32,7 +32,7 @@ from quant.objective import SPLITS, row_weights
 from quant.expert_sum import Reducer
 from quant.experts import PROJS
 from quant.pv import PVConfig, Tuner
-from stream.fileio import atomic_write_bytes
+from stream.fileio import atomic_write_bytes, check_safetensors_bytes
 
 CACHE = "cache"
 
@@ -90,6 +90,10 @@ def _load_cache(out: Path, layer: int, digest: str) -> dict | None:
     data = path.read_bytes()
     if blake3.blake3(data).hexdigest() != digest:
         return None  # stale or damaged: recompute through the published layers instead
+    try:
+        check_safetensors_bytes(data)  # the header's sizes fit the bytes before the parser allocates from them
+    except ValueError:
+        return None
     t = st_load(data)
     return {s: (t[f"{s}/student"], t[f"{s}/reference"]) for s in SPLITS}
 

@@ -28,7 +28,7 @@ from kernels.digest import bits_equal, first_mismatch, tensor_digest
 from quant.errors import FormatError, IntegrityError
 from quant.format import NAME, RVQProjection, bits_per_weight, decode
 from quant.packing import pack_nibbles, pack_tiles, unpack_nibbles, unpack_tiles
-from stream.fileio import atomic_directory, atomic_write_bytes
+from stream.fileio import atomic_directory, atomic_write_bytes, check_safetensors_bytes, member
 
 LAYOUT_VERSION = 1
 TILE_LAYOUT = "m16n8k16_a_lane_pairs_v1"
@@ -59,6 +59,7 @@ def to_bytes(p: RVQProjection, layer: int, projection: str) -> bytes:
 def from_bytes(data: bytes, source: str) -> RVQProjection:
     """Parse safetensors bytes (no pickle) back into an RVQProjection; `source` names them in errors."""
     try:
+        check_safetensors_bytes(data)  # the header's sizes fit the bytes before the parser allocates from them
         t = st_load(data)
     except Exception as exc:  # safetensors raises its own types; name the file
         raise FormatError(f"{source}: not a readable safetensors file: {exc}") from exc
@@ -163,7 +164,10 @@ def load_projection(out: str | Path, layer: int, projection: str, manifest: dict
         rec = manifest["layers"][str(layer)]["projections"][projection]
     except KeyError:
         raise FormatError(f"{out / MANIFEST}: no layer {layer} projection {projection}") from None
-    path = out / rec["file"]
+    try:
+        path = member(out, rec["file"])
+    except ValueError as exc:
+        raise FormatError(f"{out / MANIFEST}: layer {layer} projection {projection} file {exc}") from None
     try:
         data = path.read_bytes()
     except FileNotFoundError:

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from training.rundir import list_checkpoints
 from training.errors import AppError, ConfigError
+from training.ray_auth import token_auth
 from replay.certificates import SCHEMA, RunLog, write_certificates
 
 DEFAULT_SEGMENT = 100  # the report's checkpoint interval; used when a run has no checkpoint spacing to follow
@@ -119,11 +120,12 @@ def machine_facts(device: str) -> dict:
 class Auditor:
     """A Ray Data callable class: each input row is a segment, each output row its certificate."""
 
-    def __init__(self, device: str = "cpu", threads: int = 1, kind_override: str | None = None) -> None:
+    def __init__(self, device: str = "cpu", threads: int = 1, kind_override: str | None = None,
+                 corpus: str | None = None) -> None:
         import torch
 
         torch.set_num_threads(max(1, threads))  # one auditor per requested CPU slot: no oversubscription
-        self.device = device
+        self.device, self.corpus = device, corpus
         self.facts = machine_facts(device)
         self.kind = kind_override or detect_kind(device)
         self.kind_source = "override" if kind_override else "detected"
@@ -155,7 +157,7 @@ class Auditor:
                **self.facts}
         t0 = time.perf_counter()
         try:
-            r = replay_segment(run, first, end, device=self.device)
+            r = replay_segment(run, first, end, device=self.device, corpus=self.corpus)
         except AppError as e:  # bad digests, a non-deterministic run: recorded, certifies nothing
             row.update(verdict="REFUSED", mismatch_detail=f"{type(e).__name__}: {e}")
         else:
@@ -212,6 +214,7 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
 
     if ray.is_initialized():
         return False
+    token_auth()
     address = address or os.environ.get("RAY_ADDRESS")  # what `ray job submit` sets for its driver
     if address:
         ray.init(address=address, log_to_driver=False)
@@ -247,6 +250,7 @@ class BatchOptions:
     kind_override: str | None = None  # tests: simulate another hardware kind
     num_cpus: int | None = None  # CPUs of a local Ray instance (None: all)
     progress: bool = True
+    corpus: str | None = None  # read this copy of the corpus (None: replay.rundesc.find_corpus)
 
 
 def run_batch(run: str | Path, opts: BatchOptions = BatchOptions(), console=None) -> BatchOutcome:
@@ -272,8 +276,7 @@ def run_batch(run: str | Path, opts: BatchOptions = BatchOptions(), console=None
     try:
         cluster = ray.cluster_resources()
         req = auditor_resources(opts.device, opts.kind, opts.resources, cluster)
-        rows = _execute(run, segs, job_id, opts.device, opts.kind_override, req, pool_size(req, cluster, len(segs)),
-                        opts.progress, console)
+        rows = _execute(run, segs, job_id, opts, req, pool_size(req, cluster, len(segs)), console)
     finally:
         if started:
             ray.shutdown()
@@ -281,8 +284,8 @@ def run_batch(run: str | Path, opts: BatchOptions = BatchOptions(), console=None
     return BatchOutcome(job_id, path, rows, segs)
 
 
-def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, device: str, kind_override: str | None,
-             req: dict, pool: int, progress: bool, console) -> list[dict]:
+def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, opts: BatchOptions, req: dict, pool: int,
+             console) -> list[dict]:
     import ray.data
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -295,12 +298,13 @@ def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, device: str, k
     strategy = ray.data.ActorPoolStrategy(min_size=1, max_size=pool)
     ds = ds.map_batches(Auditor, batch_size=1, compute=strategy, num_cpus=req["num_cpus"],
                         num_gpus=req["num_gpus"], resources=req["resources"] or None,
-                        fn_constructor_kwargs={"device": device, "threads": int(req["num_cpus"]) or 1,
-                                               "kind_override": kind_override})
+                        fn_constructor_kwargs={"device": opts.device, "threads": int(req["num_cpus"]) or 1,
+                                               "kind_override": opts.kind_override,
+                                               "corpus": opts.corpus and str(Path(opts.corpus).resolve())})
     rows: list[dict] = []
     cols = (TextColumn("[bold]audit {task.fields[job]}"), MofNCompleteColumn(), TextColumn("segments"), BarColumn(),
             TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
-    with Progress(*cols, console=console, disable=not progress) as bar:
+    with Progress(*cols, console=console, disable=not opts.progress) as bar:
         task = bar.add_task("audit", total=len(segs), job=job_id, info="")
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             for r in batch.to_pylist():

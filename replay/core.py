@@ -22,15 +22,15 @@ import torch
 import stream
 from kernels.digest import digest_many
 from training import checkpoint as ckpt, devices, rundir
-from training.config import RunConfig, Topology
+from training.config import RunConfig, Topology, identity_json
 from training.errors import AppError, CheckpointError, RunDirError
 from training.init import init_params
 from training.rundir import CONFIG, HASHLOG, read_jsonl
-from training.state_hash import ZERO, canonical_json, chain, code_version, state_entries, state_hash
+from training.state_hash import ZERO, chain, code_version, state_entries, state_hash
 from training.step import StepContext, StepResult, TrainState, run_step
 from replay.diff import first_in
 from replay.errors import AuditRefused
-from replay.rundesc import check_collectives, check_copies, check_corpus
+from replay.rundesc import check_collectives, check_copies, check_corpus, find_corpus
 
 STAGES = ("init", "forward", "loss", "backward", "reduce", "clip", "optimizer", "state", "chain")
 # hash-log fields per stage, in computation order (digest keys are the log's `digests` names)
@@ -72,7 +72,7 @@ class _Run:
 
     path: Path
     cfg: RunConfig
-    config_json: str
+    identity: str  # the config as the state hash carries it (training.config.identity_json)
     records: dict[int, dict]
     code: str
     stream: stream.WindowStream
@@ -93,7 +93,7 @@ def open_run(run: str | Path, corpus: str | Path | None = None) -> _Run:
     records = read_jsonl(path / HASHLOG)
     try:
         desc = rundir.read_run_json(path)
-        cfg, config_json = rundir.read_config(path)
+        cfg, _ = rundir.read_config(path)
     except RunDirError as e:
         raise AuditRefused(str(e)) from None
     check_collectives(path, desc, records)
@@ -106,13 +106,13 @@ def open_run(run: str | Path, corpus: str | Path | None = None) -> _Run:
     if by_step[-1].get("code_version") != code:
         raise AuditRefused(f"{path / HASHLOG}: recorded by code version {by_step[-1].get('code_version')}, "
                            f"this is {code}; audit with the code the run was trained with")
-    corpus_dir = Path(corpus) if corpus is not None else Path(cfg.train.corpus)
+    corpus_dir = find_corpus(path, desc, cfg.train.corpus, corpus)
     ident, notes = check_corpus(path, desc, corpus_dir, explicit=corpus is not None)
     try:
         s = stream.open_stream(corpus_dir, seq_len=cfg.model.seq_len, seed=cfg.train.seed)
     except stream.StreamError as e:  # a shard or tokenizer that does not match its manifest: names the file
         raise AuditRefused(f"corpus {corpus_dir}: {e}") from None
-    return _Run(path, cfg, config_json, by_step, code, s, ident or s.manifest.digest, notes)
+    return _Run(path, cfg, cfg.identity_json(), by_step, code, s, ident or s.manifest.digest, notes)
 
 
 def replay_step(state: TrainState, r: _Run, ctx: StepContext, topology: Topology,
@@ -122,7 +122,7 @@ def replay_step(state: TrainState, r: _Run, ctx: StepContext, topology: Topology
     lo, hi = ctx.batch.window_range(step)
     tokens = torch.from_numpy(r.stream.windows(lo, hi)).to(torch.int64).to(ctx.device)
     res = run_step(state, tokens, topology, ctx)
-    sdig = state_hash(state_entries(state, r.config_json, r.code, r.stream_state(step + 1, ctx.batch)), res.memo)
+    sdig = state_hash(state_entries(state, r.identity, r.code, r.stream_state(step + 1, ctx.batch)), res.memo)
     return res, sdig, chain(prev, sdig)
 
 
@@ -211,7 +211,7 @@ def _start(r: _Run, ctx: StepContext, first_step: int, device: str) -> tuple[Tra
     if cps:
         path = rundir.ckpt_dir(r.path, cps[-1])
         state, manifest = ckpt.load_checkpoint(path, ctx.specs, r.code, device)  # refuses a bad file, naming it
-        if canonical_json(manifest["config"]).decode() != r.config_json:
+        if identity_json(manifest["config"]) != r.identity:
             raise CheckpointError(f"{path / ckpt.MANIFEST}: another run's config")
         st = dict(manifest["stream_state"])
         st["stream"] = {**st["stream"], "manifest": r.stream.manifest.digest}  # read from the corpus given
@@ -231,7 +231,7 @@ def _start(r: _Run, ctx: StepContext, first_step: int, device: str) -> tuple[Tra
     if rec.get("init_digest") != (d := digest_many(params)):
         return state, b"", Mismatch(-1, "init", f"init parameters digest: logged {rec.get('init_digest')}, replay {d} "
                                                f"(from config seed {r.cfg.train.seed})")
-    sdig = state_hash(state_entries(state, r.config_json, r.code, r.stream_state(0, ctx.batch)))
+    sdig = state_hash(state_entries(state, r.identity, r.code, r.stream_state(0, ctx.batch)))
     if rec.get("state_hash") != sdig.hex():
         return state, b"", Mismatch(-1, "init", f"initial state hash: logged {rec.get('state_hash')}, replay "
                                                f"{sdig.hex()} (parameters match: config, code or corpus identity)")

@@ -5,7 +5,11 @@ Order of checks (before any step is replayed):
 1. run.json parses; `collectives` is "exact" or "ordered" and `auditable` is not false (else refused:
    a run reduced by non-deterministic collectives has no replayable bits). Every hash-log record too.
 2. The copies in RUN/data/ match the digests run.json lists (else refused, naming the file).
-3. The corpus the auditor reads: by default the config's `train.corpus`. Its manifest must be the run's
+3. The corpus the auditor reads (`find_corpus`): `--corpus DIR` if given, else the config's `train.corpus`
+   where that path holds a manifest (a relative path resolves against the working directory), else where
+   run.json says the run read it (an absolute path: an audit job whose working copy has no data/ finds the
+   corpus the run was trained from). A run's identity does not depend on that path: the state hash carries
+   the corpus by its manifest digest. Its manifest must be the run's
    (same manifest digest) and its tokenizer the run's (same blake3); a difference is refused naming the
    file. Pointed at a copy on purpose (`--corpus DIR`, e.g. a re-hosted corpus), the differences are
    reported as notes and the replay goes on: the tokens are then checked by the step digests, and the
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from training.errors import AppError
 from replay.errors import AuditRefused
-from stream.fileio import blake3_file
+from stream.fileio import blake3_file, member
 from stream.manifest import MANIFEST_NAME, load_manifest
 from training.rundir import HASHLOG, RUN_JSON
 
@@ -44,12 +48,30 @@ def check_collectives(run: Path, desc: dict | None, records: list[dict]) -> None
 def check_copies(run: Path, desc: dict) -> None:
     """Every file run.json lists (RUN/data/ copies, config.json) has its recorded blake3."""
     for rel, want in sorted(desc.get("files", {}).items()):
-        path = run / rel
+        try:
+            path = member(run, rel)  # a listed name never leads outside the run directory
+        except ValueError as e:
+            raise AuditRefused(f"{run / RUN_JSON}: files entry {e}") from None
         if not path.is_file():
             raise AuditRefused(f"{path}: listed in {run / RUN_JSON} but missing")
         got = blake3_file(path)
         if got != want:
             raise AuditRefused(f"{path}: blake3 {got}, {run / RUN_JSON} records {want}; the run directory was altered")
+
+
+def find_corpus(run: Path, desc: dict | None, config_corpus: str, given: str | Path | None) -> Path:
+    """The corpus directory to read (module doc, step 3); AuditRefused names every place looked at."""
+    if given is not None:
+        return Path(given)
+    recorded = (desc or {}).get("corpus", {}).get("path")
+    tried = [(Path(config_corpus), "the config's train.corpus")]
+    if recorded:
+        tried.append((Path(recorded), f"where {run / RUN_JSON} says the run read it"))
+    for path, _ in tried:
+        if (path / MANIFEST_NAME).is_file():
+            return path
+    looked = "; ".join(f"{path.resolve() if not path.is_absolute() else path} ({why})" for path, why in tried)
+    raise AuditRefused(f"corpus: no {MANIFEST_NAME} at {looked}; pass --corpus DIR")
 
 
 def check_corpus(run: Path, desc: dict | None, corpus: Path, explicit: bool) -> tuple[str | None, list[str]]:

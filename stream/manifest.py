@@ -14,7 +14,7 @@ from rich.progress import Progress
 
 from stream.cache import ShardTokens, cache_path, write_cache
 from stream.errors import ConfigError, IntegrityError, StreamError
-from stream.fileio import atomic_write_json, blake3_bytes, blake3_file, canonical_json
+from stream.fileio import atomic_write_json, blake3_bytes, blake3_file, canonical_json, check_member, member
 from stream.readers import read_documents
 from stream.sources import CorpusConfig
 from stream.tokenizer import SEPARATOR, load_tokenizer
@@ -74,7 +74,19 @@ class Manifest:
         return blake3_bytes(canonical_json(self.to_dict()))
 
     def shard_file(self, entry: ShardEntry) -> Path:
-        return self.root / entry.path
+        """The shard's file, inside the corpus root (`member`: no `..`, no symbolic link below it)."""
+        return self._member(entry.path, "shard path")
+
+    @property
+    def tokenizer_file(self) -> Path:
+        """The tokenizer's file, inside the corpus root like every shard."""
+        return self._member(self.tokenizer_path, "tokenizer path")
+
+    def _member(self, rel: str, field: str) -> Path:
+        try:
+            return member(self.root, rel)
+        except ValueError as e:
+            raise StreamError(f"manifest in {self.root}: {field}: {e}") from None
 
 
 def manifest_from_dict(d: dict, root: Path) -> Manifest:
@@ -91,6 +103,13 @@ def manifest_from_dict(d: dict, root: Path) -> Manifest:
         m = Manifest(root, t["path"], t["blake3"], t["separator"], int(t["separator_id"]), int(t["vocab_size"]), sources)
     except (KeyError, TypeError) as e:
         raise StreamError(f"manifest in {root}: missing or malformed field {e}") from None
+    names = [("tokenizer path", m.tokenizer_path)]
+    names += [(f"source {s.name!r} shard path", e.path) for s in m.sources for e in s.shards]
+    for field, rel in names:  # before any file is opened: a listed name stays inside the corpus root
+        try:
+            check_member(rel)
+        except ValueError as e:
+            raise StreamError(f"manifest in {root}: {field}: {e}") from None
     for s in m.sources:
         if s.documents < 1:
             raise ConfigError(f"manifest in {root}: source {s.name!r} has no documents")

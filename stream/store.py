@@ -32,7 +32,7 @@ class ShardStore:
         self._lru: OrderedDict[tuple[int, int], ShardTokens] = OrderedDict()
         self._held = 0
         self._tokenizer: LoadedTokenizer | None = None
-        verify_file("tokenizer", manifest.root / manifest.tokenizer_path, manifest.tokenizer_blake3)
+        verify_file("tokenizer", manifest.tokenizer_file, manifest.tokenizer_blake3)
         if verify == "open":
             self.verify_all()
 
@@ -50,9 +50,9 @@ class ShardStore:
 
     def _tokenize(self, si: int, hi: int, data: bytes) -> ShardTokens:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.manifest.root / self.manifest.tokenizer_path, self.manifest.separator)
+            self._tokenizer = load_tokenizer(self.manifest.tokenizer_file, self.manifest.separator)
             if self._tokenizer.digest != self.manifest.tokenizer_blake3:
-                raise IntegrityError("tokenizer", str(self.manifest.root / self.manifest.tokenizer_path),
+                raise IntegrityError("tokenizer", str(self.manifest.tokenizer_file),
                                      self.manifest.tokenizer_blake3, self._tokenizer.digest)
         src = self.manifest.sources[si]
         docs = read_documents(self.manifest.shard_file(src.shards[hi]), src.text_column, data)

@@ -14,19 +14,19 @@ recomputes the state hash from what it loaded: a checkpoint that does not hash t
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import blake3
 import torch
 from safetensors.torch import load_file, save_file
 
-from stream.fileio import atomic_directory
+from stream.fileio import atomic_directory, check_safetensors_header
+from training.config import identity_json
 from training.errors import CheckpointError, IntegrityError
 from training.optim import SpikeState
 from training.params import ParamSpec
 from training.rundir import ckpt_dir
-from training.state_hash import canonical_json, state_entries, state_hash
+from training.state_hash import state_entries, state_hash
 from training.step import TrainState
 
 SCHEMA = "open-1b-checkpoint/1"
@@ -66,23 +66,28 @@ def save_checkpoint(run_dir: str | Path, state: TrainState, config: dict, code: 
 
 
 def _check_safetensors(path: Path) -> None:
-    """Refuse anything that is not a safetensors file (a pickle in particular) before any parser sees it."""
+    """Refuse anything that is not a safetensors file (a pickle in particular), or whose header does not fit its
+    bytes, before any parser sees it; and a symbolic link (a checkpoint's files are its own)."""
+    _refuse_symlink(path)
     with open(path, "rb") as fh:
         head = fh.read(8)
-        if any(head.startswith(m) for m in _PICKLE_MAGIC):
-            raise CheckpointError(f"{path}: is a pickle payload; refused (checkpoints load safetensors only)")
-        if len(head) < 8:
-            raise CheckpointError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
-        (n,) = struct.unpack("<Q", head)
-        if n > path.stat().st_size - 8 or n > 100_000_000:
-            raise CheckpointError(f"{path}: not a safetensors file (header length {n} out of range)")
-        if fh.read(1) != b"{":
-            raise CheckpointError(f"{path}: not a safetensors file (header is not a JSON object)")
+    if any(head.startswith(m) for m in _PICKLE_MAGIC):
+        raise CheckpointError(f"{path}: is a pickle payload; refused (checkpoints load safetensors only)")
+    try:
+        check_safetensors_header(path)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def _refuse_symlink(path: Path) -> None:
+    if path.is_symlink():
+        raise CheckpointError(f"{path}: is a symbolic link; refused (a checkpoint's files must be its own)")
 
 
 def read_manifest(path: Path) -> dict:
     """The manifest of checkpoint directory `path`, schema-checked (JSON only)."""
     mpath = path / MANIFEST
+    _refuse_symlink(mpath)
     if not mpath.is_file():
         raise CheckpointError(f"{mpath}: missing; not a checkpoint directory")
     try:
@@ -146,7 +151,7 @@ def load_checkpoint(path: str | Path, specs: dict[str, ParamSpec], code: str,
         spike = SpikeState(**manifest["spike"])
         state = TrainState(params, m, v, grads, int(manifest["adam_step"]), spike, int(manifest["step"]),
                            int(manifest["tokens"]))
-        entries = state_entries(state, canonical_json(manifest["config"]).decode(), manifest["code_version"],
+        entries = state_entries(state, identity_json(manifest["config"]), manifest["code_version"],
                                 manifest["stream_state"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path / MANIFEST}: malformed ({e})") from None

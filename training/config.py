@@ -5,13 +5,13 @@ Defaults are OPEN-1B's (report tables 2-4, section 3.2); presets shrink the shap
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from training.errors import ConfigError
 from kernels.ref.loss import TOKEN_BLOCK
+from stream.fileio import canonical_json
 
 REDUCTIONS = ("exact", "ordered")
 
@@ -218,9 +218,9 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces): what the state hash and the manifests carry."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+    def identity_json(self) -> str:
+        """What the state hash carries of the config (`identity_json` of its dict)."""
+        return identity_json(self.to_dict())
 
     def replace(self, **train_or_model: Any) -> "RunConfig":
         """A copy with fields changed: keys 'model.<f>' / 'train.<f>' or a whole 'model' / 'train'."""
@@ -254,3 +254,11 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
         return RunConfig(d["name"], model, train)
     except (KeyError, TypeError) as e:
         raise ConfigError(f"config: malformed record ({e})") from None
+
+
+def identity_json(config: dict[str, Any]) -> str:
+    """Canonical JSON (sorted keys, no spaces) of a config dict without `train.corpus`: the state hash carries the
+    corpus by its manifest digest (in the stream state), not by where it lies, so a run trained, replayed or
+    resumed from a copy of its corpus at another path has the same hashes."""
+    train = {k: v for k, v in config["train"].items() if k != "corpus"}
+    return canonical_json({**config, "train": train}).decode()

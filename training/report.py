@@ -1,5 +1,5 @@
 """`python -m app report --run RUN`: the run's loss curves, gradient-norm trajectory with the report's table 9
-statistics, and per-layer weight norms (the report's figure 4), as PNGs plus report.json."""
+statistics, per-layer weight norms (the report's figure 4) and step times, as PNGs plus report.json."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -129,6 +129,32 @@ def plot_weight_norms(run: Path, evals: list[dict]) -> Path | None:
     return out
 
 
+def plot_step_times(run: Path) -> Path | None:
+    """Each step's own seconds (its run, its hashing and logging; metrics.jsonl) and tokens/s: step_time.png.
+    A resumed run has a step's timing more than once: the last one is plotted (the run that logged it)."""
+    last = {r["step"]: r for r in read_jsonl(run / METRICS) if r.get("event") == "step"}
+    if not last:
+        return None
+    steps = sorted(last)
+    fig, (a, b) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    a.plot(steps, [last[s]["seconds"] for s in steps], lw=0.8, label="step")
+    a.plot(steps, [last[s]["hash_seconds"] for s in steps], lw=0.8, label="of it: hashing")
+    a.set_ylabel("seconds")
+    a.legend()
+    b.plot(steps, [last[s]["tokens_per_s"] for s in steps], lw=0.8)
+    b.set_ylabel("tokens / s")
+    b.set_xlabel("step")
+    a.set_title(f"{run.name}: step time")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = run / "step_time.png"
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+    return out
+
+
 def report(run: str | Path, steady_after: int | None = None) -> dict:
     """Write loss.png, grad_norm.png, weight_norms.png and report.json into the run; returns the report."""
     run = Path(run)
@@ -140,9 +166,9 @@ def report(run: str | Path, steady_after: int | None = None) -> dict:
                          grad_norm_stats(recs, steady_after)},
            "heldout": [(e["step"], e["heldout_ce"]) for e in evals if "heldout_ce" in e],
            "files": [str(plot_losses(run)), str(plot_grad_norms(run, recs))]}
-    w = plot_weight_norms(run, evals)
-    if w:
-        out["files"].append(str(w))
+    for extra in (plot_weight_norms(run, evals), plot_step_times(run)):
+        if extra:
+            out["files"].append(str(extra))
     atomic_write_json(run / "report.json", out)
     return out
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import blake3
 
-from stream.fileio import atomic_write_bytes, atomic_write_json, blake3_file
+from stream.fileio import atomic_directory, atomic_write_bytes, atomic_write_json, blake3_file
 from training.config import RunConfig, from_dict
 from training.errors import CheckpointError, ConfigError, RunDirError
 from training.state_hash import canonical_json
@@ -103,8 +103,8 @@ def create(run: Path, config_json: str) -> None:
     if run.exists():
         raise RunDirError(f"{run}: exists; refusing to overwrite a run (pass --resume to continue it, or choose "
                           f"another --out)")
-    run.mkdir(parents=True)
-    atomic_write_bytes(run / CONFIG, (config_json + "\n").encode())
+    with atomic_directory(run) as tmp:  # the directory appears with its config or not at all
+        (tmp / CONFIG).write_bytes((config_json + "\n").encode())
 
 
 def read_config(run: Path) -> tuple[RunConfig, str]:
@@ -124,11 +124,12 @@ def read_config(run: Path) -> tuple[RunConfig, str]:
 
 
 def check_resumable(run: Path, cfg: RunConfig) -> None:
-    """A run to resume exists and was started with `cfg`."""
+    """A run to resume exists and was started with `cfg`, up to where its corpus lies (the stream checks that the
+    corpus is the run's by its manifest digest)."""
     if not (run / CONFIG).is_file():
         raise RunDirError(f"{run}: --resume needs an existing run directory with {CONFIG}")
     saved, _ = read_config(run)
-    if canonical_json(saved.to_dict()) != canonical_json(cfg.to_dict()):
+    if saved.identity_json() != cfg.identity_json():
         raise ConfigError(f"{run / CONFIG}: the run was started with another config; resume with it")
 
 
@@ -136,14 +137,15 @@ def write_run_json(run: Path, config_json: str, code: str, manifest, collectives
     """RUN/run.json plus the RUN/data/ copies of the corpus manifest and tokenizer, each with its blake3.
     `collectives`: "exact" / "ordered" (replayable) or "native" (non-deterministic: the replay refuses the run)."""
     files = {}
-    for rel in ("manifest.json", manifest.tokenizer_path):
-        dst = run / DATA / rel
-        atomic_write_bytes(dst, (manifest.root / rel).read_bytes())
+    copies = (("manifest.json", manifest.root / "manifest.json"), (manifest.tokenizer_path, manifest.tokenizer_file))
+    for rel, src in copies:
+        dst = run / DATA / rel  # the manifest refused a tokenizer path outside the corpus, so this stays in RUN/data
+        atomic_write_bytes(dst, src.read_bytes())
         files[f"{DATA}/{rel}"] = blake3_file(dst)
     files[CONFIG] = blake3_file(run / CONFIG)
     desc = {"format": FORMAT, "collectives": collectives, "auditable": collectives != "native",
             "code_version": code, "config_blake3": blake3.blake3(config_json.encode()).hexdigest(),
-            "corpus": {"path": str(manifest.root), "manifest_blake3": manifest.digest,
+            "corpus": {"path": str(Path(manifest.root).resolve()), "manifest_blake3": manifest.digest,
                        "tokenizer_path": manifest.tokenizer_path, "tokenizer_blake3": manifest.tokenizer_blake3},
             "files": files}
     atomic_write_json(run / RUN_JSON, desc)

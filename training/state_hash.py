@@ -10,7 +10,8 @@ where it lies (on the GPU, in parallel, no staging copy) and the digests the ste
 reused (DigestMemo) instead of hashing the same bytes twice.
 Entries: `param/<name>` (bf16 masters, float32 activation steps), `m/<name>`, `v/<name>` (float32 Adam
 moments), `grad/<name>` (the step's post-clip float32 gradients), and `meta/code_version`, `meta/config`
-(canonical JSON), `meta/counters` ({"adam_step", "step", "tokens"}), `meta/spike` (the spike protocol),
+(canonical JSON, without `train.corpus`: the corpus enters by its manifest digest in `meta/stream`, so where it
+lies changes no hash; training.config.identity_json), `meta/counters` ({"adam_step", "step", "tokens"}), `meta/spike` (the spike protocol),
 `meta/stream` (the stream state at the next step's first window, canonical JSON).
     state_t = blake3(b"open-1b-state/2" | entries)
     chain_t = blake3(chain_{t-1} | state_t)        (raw 32-byte digests; chain_{-1} = 32 zero bytes)
@@ -34,6 +35,7 @@ FORMAT = b"open-1b-state/2"
 ZERO = bytes(32)
 # the files whose text defines the bits of a run (kernels, stream, and the app's bit path)
 CODE_GLOBS = ("kernels/ref/*.py", "kernels/digest.py", "stream/*.py", "collectives/treefold.py",
+              "collectives/allreduce.py", "collectives/schedule.py", "collectives/p2p.py",
               "training/config.py", "training/params.py", "training/layers.py", "training/model.py", "training/moe.py",
               "training/init.py", "training/reduction.py", "training/optim.py", "training/step.py",
               "training/sharding.py", "training/state_hash.py")
@@ -66,7 +68,7 @@ def _bytes_head(name: str, data: bytes) -> bytes:
     return struct.pack("<I", len(nb)) + nb + b"\1" + struct.pack("<Q", len(data))
 
 
-def state_entries(state: TrainState, config_json: str, code: str, stream_state: dict) -> dict[str, object]:
+def state_entries(state: TrainState, identity: str, code: str, stream_state: dict) -> dict[str, object]:
     """name -> tensor or bytes: the complete state the hash covers."""
     if state.shard is not None:
         raise ValueError(f"state hash of step {state.step}: this rank holds only slice [{state.shard.lo}, "
@@ -76,7 +78,7 @@ def state_entries(state: TrainState, config_json: str, code: str, stream_state: 
         for k, t in d.items():
             out[f"{prefix}/{k}"] = t
     out["meta/code_version"] = code.encode()
-    out["meta/config"] = config_json.encode()
+    out["meta/config"] = identity.encode()
     out["meta/counters"] = canonical_json({"adam_step": state.adam_step, "step": state.step, "tokens": state.tokens})
     out["meta/spike"] = canonical_json(state.spike.as_dict())
     out["meta/stream"] = canonical_json(stream_state)

@@ -9,6 +9,7 @@ it was is kept aside as hashlog.before-resume-<n>.jsonl.
 """
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from kernels.digest import digest_many
 from training import checkpoint as ckpt, devices, rundir
 from training.config import RunConfig, Topology
 from training.deferred_hash import QueuedHash, StateHashReader, queue_state_hash
-from training.errors import ConfigError, DivergenceError, IntegrityError, RunDirError
+from training.errors import AppError, ConfigError, DivergenceError, IntegrityError, RunDirError
 from training.evaluate import heldout_ce, heldout_tokens, weight_norms
 from training.init import init_params
 from training.rundir import HASHLOG, METRICS, JsonlLog, read_jsonl
@@ -84,7 +85,8 @@ class Trainer:
         self.cfg, self.out, self.opts = cfg, Path(out), opts
         self.group, self.writer = group, writer
         self.code = code_version()
-        self.config_json = canonical_json(cfg.to_dict()).decode()
+        self.config_json = canonical_json(cfg.to_dict()).decode()  # config.json, as given
+        self.identity = cfg.identity_json()  # what the state hash carries (no corpus path)
         devices.check(opts.device, opts.backend)
         self.ctx = StepContext.build(cfg, opts.device, opts.backend)
         # everything that can refuse the config is checked before the run directory is touched
@@ -94,15 +96,31 @@ class Trainer:
             raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size}, but corpus {cfg.train.corpus} has a "
                               f"{vocab}-token tokenizer")
         self.heldout = heldout_tokens(cfg, self.ctx.device)
+        self._check_steps()
         self._open_run_dir(resume)
+        self.created = not resume  # this process made the run directory (discard_unstarted may remove it)
         self.metrics = JsonlLog(self.out / METRICS) if writer else _NullLog()
         self.expected: dict[int, dict] = {}
         self.state, self.prev = self._resume() if resume else self._fresh()
         self.log = JsonlLog(self.out / HASHLOG) if writer else _NullLog()
         self._reader = StateHashReader()
-        self._finished_at: float | None = None
 
     # -- run directory, start, resume -------------------------------------------------------------------
+    def _check_steps(self) -> None:
+        t, end = self.cfg.train, self.ctx.batch.window_range(self.opts.steps - 1)[1]
+        if t.heldout_windows and end > t.heldout_window:
+            raise ConfigError(f"--steps {self.opts.steps}: would read windows up to {end}, past train.heldout_window="
+                              f"{t.heldout_window} (the held-out slice); train fewer steps or move the slice")
+
+    def discard_unstarted(self) -> None:
+        """Remove the run directory this process created when no step was logged in it: a start refused at its
+        first step (a topology the step cannot run, say) leaves nothing behind to refuse the next attempt."""
+        if not (self.created and self.writer and self.state.step == 0):
+            return
+        self.log.close()
+        self.metrics.close()
+        shutil.rmtree(self.out, ignore_errors=True)
+
     def _open_run_dir(self, resume: bool) -> None:
         if not resume and not self.writer:
             raise RunDirError(f"{self.out}: a process that does not write the run directory can only resume it")
@@ -115,7 +133,7 @@ class Trainer:
         rundir.write_run_json(self.out, self.config_json, self.code, self.stream.manifest, self.cfg.train.reduction)
         params = init_params(self.cfg.model, self.cfg.train.seed, self.ctx.device)
         state = TrainState.fresh(params)
-        sdig = state_hash(state_entries(state, self.config_json, self.code, self.stream.state(0)))
+        sdig = state_hash(state_entries(state, self.identity, self.code, self.stream.state(0)))
         prev = chain(ZERO, sdig)
         self.last_state_hash = sdig.hex()
         with JsonlLog(self.out / HASHLOG) as log:
@@ -130,7 +148,7 @@ class Trainer:
     def _resume(self) -> tuple[TrainState, bytes]:
         steps = rundir.list_checkpoints(self.out)
         if not steps:
-            raise RunDirError(f"{self.out}: no checkpoint to resume from")
+            return self._restart()
         path = rundir.ckpt_dir(self.out, steps[-1])
         state, manifest = ckpt.load_checkpoint(path, self.ctx.specs, self.code, self.ctx.device)
         self.stream.restore(manifest["stream_state"])
@@ -147,6 +165,28 @@ class Trainer:
         self.metrics.append({"event": "resume", "from_step": state.step, "checkpoint": str(path),
                              "recheck_steps": len(self.expected), "time": time.time()})
         return state, bytes.fromhex(manifest["chain_hash"])
+
+    def _restart(self) -> tuple[TrainState, bytes]:
+        """A run stopped before its first checkpoint: from the initialization, which its init record pins (config
+        and seed give it again; the steps logged since are re-checked as they recur). A run stopped before its
+        init record was written starts as a fresh one would."""
+        records = read_jsonl(self.out / HASHLOG) if (self.out / HASHLOG).is_file() else []
+        if not records or records[0].get("step") != -1:
+            if not self.writer:
+                raise RunDirError(f"{self.out}: no init record in {HASHLOG} yet; rank 0 starts the run")
+            return self._fresh()
+        params = init_params(self.cfg.model, self.cfg.train.seed, self.ctx.device)
+        state = TrainState.fresh(params)
+        sdig = state_hash(state_entries(state, self.identity, self.code, self.stream.state(0)))
+        if sdig.hex() != records[0]["state_hash"]:
+            raise IntegrityError(self.out / HASHLOG, records[0]["state_hash"], sdig.hex(),
+                                 "the init record does not match this config's initialization")
+        self.last_state_hash = sdig.hex()
+        if self.writer:
+            self.expected = rundir.cut_log_at(self.out, 0)
+            self.metrics.append({"event": "resume", "from_step": 0, "checkpoint": None,
+                                 "recheck_steps": len(self.expected), "time": time.time()})
+        return state, chain(ZERO, sdig)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -170,7 +210,7 @@ class Trainer:
         if not self.writer:  # nothing to log; on HSDP this rank does not even hold the full state
             return _Queued(r, self.state.tokens, (hi - lo) * self.cfg.model.seq_len, t0, time.perf_counter())
         t1 = time.perf_counter()
-        entries = state_entries(self.state, self.config_json, self.code,
+        entries = state_entries(self.state, self.identity, self.code,
                                 self.stream.state_for_step(step + 1, self.ctx.batch))
         queued = queue_state_hash(entries, r.memo)
         return _Queued(r, self.state.tokens, (hi - lo) * self.cfg.model.seq_len, t0, t1, queued,
@@ -190,10 +230,9 @@ class Trainer:
         rec = _record(r, q.tokens, sdig, self.prev)
         self.log.append(rec)
         now = time.perf_counter()
-        # a step's seconds: since the previous record was finished (the loop's period when steps overlap), or
-        # since this step started
-        secs = now - max(q.started, self._finished_at or q.started)
-        self._finished_at = now
+        # a step's own seconds: running it and queueing its hash, then waiting for the hash and logging; not the
+        # next step, which the loop runs in between while the device hashes (their sum is the loop's wall time)
+        secs = (q.ran - q.started) + q.queue_seconds + (now - t2)
         want = self.expected.pop(r.step, None)
         if want is not None and want["chain_hash"] != rec["chain_hash"]:
             raise DivergenceError(f"step {r.step}: recomputed chain hash {rec['chain_hash']} differs from the logged "
@@ -205,7 +244,6 @@ class Trainer:
 
     def one_step(self) -> tuple[dict, float, float]:
         """Run, hash and log the next step; (record, step seconds, hashing seconds)."""
-        self._finished_at = None
         return self.finish_step(self.start_step())
 
     def checkpoint(self) -> Path | None:
@@ -225,11 +263,6 @@ class Trainer:
         o = self.opts
         if self.state.step >= o.steps:
             raise ConfigError(f"--steps {o.steps}: the run is already at step {self.state.step}")
-        t = self.cfg.train
-        end = self.ctx.batch.window_range(o.steps - 1)[1]
-        if t.heldout_windows and end > t.heldout_window:
-            raise ConfigError(f"--steps {o.steps}: would read windows up to {end}, past train.heldout_window="
-                              f"{t.heldout_window} (the held-out slice); train fewer steps or move the slice")
         first = self.state.step
         if first == 0 and o.eval_every:
             self.evaluate()
@@ -244,7 +277,6 @@ class Trainer:
                 if self.writer:
                     bar.update(rec, secs)
 
-            self._finished_at = None
             pending = None  # the step before, started and not yet finished
             while self.state.step < o.steps:
                 try:
@@ -265,7 +297,6 @@ class Trainer:
                         self.evaluate()
                     if save:
                         self.checkpoint()
-                    self._finished_at = None
                 else:
                     pending = q
             if pending is not None:
@@ -291,7 +322,12 @@ class Trainer:
 
 def train(cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False) -> dict:
     """Train (or resume) the run at `out`; returns the summary dict."""
-    return Trainer(cfg, out, opts, resume).run()
+    t = Trainer(cfg, out, opts, resume)
+    try:
+        return t.run()
+    except AppError:  # refused input: a new run that logged no step is removed, so the same command can be rerun
+        t.discard_unstarted()
+        raise
 
 
 def main(cfg: RunConfig, out: str | Path, opts: TrainOptions, resume: bool = False) -> int:

@@ -25,8 +25,21 @@ from training.rundir import HASHLOG, read_jsonl  # noqa: E402
 from training.train import TrainOptions, train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_LOG = ROOT / "docs" / "results" / "parity-small-parity-cpu-codebf689640.hashlog.jsonl"
+CPU_LOG = ROOT / "docs" / "results" / "parity-small-parity-cpu-codec7d4e885.hashlog.jsonl"
 STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Path:
+    """The committed CPU log's corpus: PARITY_CORPUS, else data/demo (built if missing). The demo corpus is made
+    from the interpreter's standard library, so a GPU machine with another Python needs the one the log was
+    trained on copied to it."""
+    path = Path(os.environ.get("PARITY_CORPUS", ROOT / "data" / "demo"))
+    if not (path / "manifest.json").exists():
+        from stream import build_demo
+
+        build_demo(path, vocab_size=SMALL_PARITY.model.vocab_size, progress=False)
+    return path
 
 
 def _cfg(corpus: Path):
@@ -39,16 +52,15 @@ def _without(rec: dict, *keys: str) -> dict:
 
 @pytest.fixture(scope="module")
 def ray_gpu():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
 @pytest.fixture(scope="module")
-def one_process(demo_corpus, tmp_path_factory) -> Path:
+def one_process(corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gpu") / "one"
-    train(_cfg(demo_corpus), out, TrainOptions(STEPS, checkpoint_every=0, eval_every=0, device="cuda",
+    train(_cfg(corpus), out, TrainOptions(STEPS, checkpoint_every=0, eval_every=0, device="cuda",
                                                backend="triton", progress=False))
     return out
 
@@ -58,8 +70,8 @@ def _train_ray(cfg, out: Path, **kw) -> dict:
                                             progress=False), (2, 2), threads=2, gpus_per_worker=0.5, **kw)
 
 
-def test_two_workers_sharing_a_gpu_write_the_one_process_log(ray_gpu, one_process, demo_corpus, tmp_path):
-    s = _train_ray(_cfg(demo_corpus), tmp_path / "ray")
+def test_two_workers_sharing_a_gpu_write_the_one_process_log(ray_gpu, one_process, corpus, tmp_path):
+    s = _train_ray(_cfg(corpus), tmp_path / "ray")
     assert s["steps"] == STEPS
     got, want = read_jsonl(tmp_path / "ray" / HASHLOG), read_jsonl(one_process / HASHLOG)
     assert len(got) == STEPS + 1 and {r["topology"] for r in got[1:]} == {"2x1"}
@@ -71,7 +83,7 @@ def test_two_workers_sharing_a_gpu_write_the_one_process_log(ray_gpu, one_proces
     assert [_without(r, *drop) for r in got] == [_without(r, *drop) for r in cpu]
 
 
-def test_a_killed_worker_restarts_the_group_and_the_chain_holds(ray_gpu, one_process, demo_corpus, tmp_path):
+def test_a_killed_worker_restarts_the_group_and_the_chain_holds(ray_gpu, one_process, corpus, tmp_path):
     from ray.util.state import list_actors
 
     run = tmp_path / "killed"
@@ -79,7 +91,7 @@ def test_a_killed_worker_restarts_the_group_and_the_chain_holds(ray_gpu, one_pro
 
     def go():
         try:
-            result["summary"] = _train_ray(_cfg(demo_corpus), run, max_failures=2, step_delay_s=0.3)
+            result["summary"] = _train_ray(_cfg(corpus), run, max_failures=2, step_delay_s=0.3)
         except BaseException as e:  # noqa: BLE001 - reported below
             result["error"] = e
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from training import checkpoint as ckpt, rundir
-from training.config import ModelConfig, RunConfig
+from training.config import ModelConfig, RunConfig, identity_json
 from training.errors import CheckpointError, IntegrityError, RunDirError
 from training.init import init_params
 from training.params import spec_map
-from training.state_hash import canonical_json, state_entries, state_hash
+from training.state_hash import state_entries, state_hash
 from training.step import TrainState
 from training.train import TrainOptions, Trainer
 from kernels.digest import digest_many
@@ -26,7 +26,7 @@ def _saved(tmp_path: Path) -> tuple[Path, TrainState]:
     st = TrainState.fresh(init_params(MINI, 42))
     st.m["head.weight"].fill_(0.5)
     st.step, st.tokens, st.adam_step = 7, 700, 6
-    sh = state_hash(state_entries(st, canonical_json(CFG).decode(), "code", {"window": 3})).hex()
+    sh = state_hash(state_entries(st, identity_json(CFG), "code", {"window": 3})).hex()
     return ckpt.save_checkpoint(tmp_path, st, CFG, "code", {"window": 3}, sh, "ab" * 32), st
 
 

@@ -41,7 +41,18 @@ def test_held_out_loss_falls(run200):
     assert first > 8.0 and last < first - 1.0
     assert (out / "loss.png").stat().st_size > 0
     rep = report(out)
-    assert rep["grad_norm"]["full"]["steps"] == 200 and len(rep["files"]) == 3
+    assert rep["grad_norm"]["full"]["steps"] == 200 and len(rep["files"]) == 4  # loss, grads, weights, step time
+
+
+def test_step_seconds_are_each_steps_own(run200):
+    """A step's seconds cover its own run and hashing, not a neighbour's: none is a tiny fraction of the typical
+    step (what timing the interval between two records gave after a checkpoint), and together they fit in the
+    run's wall time."""
+    out, _ = run200
+    events = read_jsonl(out / "metrics.jsonl")
+    secs = [e["seconds"] for e in events if e["event"] == "step"]
+    wall = next(e["time"] for e in events if e["event"] == "end") - events[0]["time"]
+    assert len(secs) == 200 and min(secs) > sorted(secs)[100] / 20 and sum(secs) <= wall
 
 
 def _stopped_at_100(a: Path, dst: Path) -> Path:
