@@ -26,7 +26,7 @@ def _train(args: argparse.Namespace) -> int:
         if not args.workers and value is not None:
             print(f"error: {flag}: only with --workers (a one-process run's mesh is --topology RxS)", file=sys.stderr)
             return 2
-    cfg = run_config(args.config, args.micro_batch, args.corpus)
+    cfg = run_config(args.config, args.micro_batch, args.corpus, args.reduction)
     topology = {"topology": Topology.parse(args.topology)} if args.topology is not None else {}
     opts = TrainOptions(args.steps, progress=not args.no_progress and not args.workers, **topology,
                         **_given(args, "checkpoint_every", "eval_every", "device", "backend", "threads"))
@@ -59,6 +59,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--eval-every", type=int, help="steps between held-out evaluations (0: none)")
     t.add_argument("--topology", help="virtual data-parallel mesh dp_replicate x dp_shard, e.g. 2x2")
     t.add_argument("--micro-batch", type=int, default=None, help="sequences per microbatch (default: the config's)")
+    t.add_argument("--reduction", default=None, choices=("exact", "ordered"),
+                   help="gradient reduction (default: the config's, exact): exact gives the same bits on any mesh; "
+                        "ordered (float32 on the wire) bits that depend on it")
     t.add_argument("--corpus", default=None, help="corpus directory (default: the config's)")
     t.add_argument("--device", help="cpu (default) or cuda")
     t.add_argument("--backend", choices=("ref", "triton"),

@@ -53,11 +53,9 @@ def preset(name: str) -> RunConfig:
     return PRESETS[name]
 
 
-def run_config(name: str, micro_batch: int | None = None, corpus: str | None = None) -> RunConfig:
+def run_config(name: str, micro_batch: int | None = None, corpus: str | None = None,
+               reduction: str | None = None) -> RunConfig:
     """The named preset with the command line's overrides (None: the preset's own value)."""
     cfg = preset(name)
-    if micro_batch is not None:
-        cfg = cfg.replace(**{"train.micro_batch": micro_batch})
-    if corpus is not None:
-        cfg = cfg.replace(**{"train.corpus": corpus})
-    return cfg
+    given = {"train.micro_batch": micro_batch, "train.corpus": corpus, "train.reduction": reduction}
+    return cfg.replace(**{k: v for k, v in given.items() if v is not None})

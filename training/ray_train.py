@@ -33,8 +33,9 @@ every device). Every worker, on every (re)start of the worker group:
 The run directory must be one the workers all see (a shared filesystem on a multi-node cluster; one local
 disk for `ray start --head` on one machine). Any world size runs any step: ranks may own different numbers of
 windows, or none. With --dp-shard S, MIN and MAX of --workers must be multiples of S, and an elastic group of
-another size fails (counted against --max-failures); HSDP on GPUs needs a GPU per worker. Not implemented on real
-workers: `ordered` reduction.
+another size fails (counted against --max-failures); HSDP on GPUs needs a GPU per worker. `ordered` reduction
+(float32 on the wire, bits that depend on the world size) runs without HSDP and needs the same number of
+microbatches on every rank; `exact` takes any split.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ import torch
 
 from training.config import RunConfig, Topology, from_dict
 from training.errors import ConfigError
+from training.ray_auth import token_auth
 from training.rundir import read_jsonl
 from training.train import METRICS, TrainOptions, Trainer
 
@@ -65,6 +67,12 @@ class TorchGroup:
 
     def all_reduce_sum_(self, t: torch.Tensor) -> None:
         self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM)  # int64 (or inf/NaN flags): order-free
+
+    def all_reduce_ordered_(self, t: torch.Tensor) -> None:
+        """float32 sum in the canonical fold's order (collectives' recursive doubling): the `ordered` reduction."""
+        from collectives.allreduce import all_reduce_
+
+        all_reduce_(t)
 
     def all_gather(self, obj) -> list:
         out = [None] * self.world
@@ -94,6 +102,9 @@ class SoloGroup:
     rank, world = 0, 1
 
     def all_reduce_sum_(self, t: torch.Tensor) -> None:
+        pass
+
+    def all_reduce_ordered_(self, t: torch.Tensor) -> None:
         pass
 
     def all_gather(self, obj) -> list:
@@ -199,10 +210,10 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
     out = Path(out).resolve()
     if opts.topology.world != 1:
         raise ConfigError("--topology: with --workers the topology is the real one, (world / --dp-shard) x --dp-shard")
-    if cfg.train.reduction != "exact" and workers[1] > 1:
-        raise ConfigError(f"train.reduction={cfg.train.reduction!r}: only 'exact' runs on real workers")
     if isinstance(dp_shard, bool) or not isinstance(dp_shard, int) or dp_shard < 1:
         raise ConfigError(f"--dp-shard: expected an int >= 1, got {dp_shard!r}")
+    if cfg.train.reduction == "ordered" and dp_shard > 1:
+        raise ConfigError("--dp-shard: train.reduction='ordered' runs without HSDP on real workers; use 'exact'")
     if workers[0] % dp_shard or workers[1] % dp_shard:
         raise ConfigError(f"--dp-shard {dp_shard}: --workers {workers[0]}:{workers[1]} must be multiples of it")
     gpu = opts.device.startswith("cuda")
@@ -220,6 +231,7 @@ def train_ray(cfg: RunConfig, out: str | Path, opts: TrainOptions, workers: tupl
         t.log.close()
         t.metrics.close()
     if not ray.is_initialized():
+        token_auth()
         ray.init(address=address)
     lo, hi = workers
     per_worker = resources_per_worker or ({"CPU": 1, "GPU": gpus_per_worker} if gpu else {"CPU": 1})

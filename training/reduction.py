@@ -266,6 +266,30 @@ def uniform_accum(coords: list[Coord], topology: Topology) -> int:
     return counts.pop()
 
 
+def ordered_across_ranks(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], accum: int, replicas: int,
+                         all_reduce_) -> dict[str, torch.Tensor]:
+    """The ordered definition on real ranks (one rank per replica): this rank's float32 adds of its `accum`
+    microbatch gradients in order, times 1/accum, then `all_reduce_` of them (collectives' recursive doubling,
+    whose bits are TreeFold's: those of the virtual topology's fold), times 1/replicas. Every tensor goes in one
+    flat buffer, in name order (elementwise adds: the same bits as one all-reduce per tensor)."""
+    rank, i = None, 0
+    for _, g in partials:
+        g = {k: v.to(F32) for k, v in g.items()}
+        rank = g if rank is None else {k: rank[k] + g[k] for k in rank}
+        i += 1
+    if i != accum or rank is None:
+        raise ConfigError(f"train.reduction='ordered': this rank ran {i} microbatches, every rank must run {accum}")
+    rank = _scale(rank, accum)
+    names = sorted(rank)
+    flat = torch.cat([rank[k].reshape(-1) for k in names])
+    all_reduce_(flat)
+    out, at = {}, 0
+    for k in names:
+        out[k] = flat[at:at + rank[k].numel()].view(rank[k].shape)
+        at += rank[k].numel()
+    return _scale(out, replicas)
+
+
 def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topology: Topology,
                      coords: list[Coord], mode: str = "exact", ops=None,
                      weights: list[int] | None = None) -> dict[str, torch.Tensor]:

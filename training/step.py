@@ -25,8 +25,9 @@ norm (global_l2_norm's bits) and updates its slice of parameters and moments; th
 in the replica. Rank 0 then holds the full state (m, v and grads gathered to it); every other rank holds full
 parameters and only its slice of m, v and grads (`state.shard`), and returns no stage digests. Either way the
 per-microbatch loss rows, partial digests and expert loads are gathered to every rank, so rank 0 logs the
-digests of the one-process run on the same virtual topology. Exact reduction only: `ordered` with more than
-one real rank would need collectives' recursive doubling wired in (not done) and is refused.
+digests of the one-process run on the same virtual topology. With `ordered` reduction (S = 1 only) each rank
+folds its microbatches in order and the ranks' means meet in collectives' recursive-doubling all-reduce, whose
+bits are TreeFold's: the bits of the virtual topology R x 1, 4 bytes an element on the wire.
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ from training.errors import ConfigError
 from training.model import forward, rope_for
 from training.optim import SpikeState, adamw_update, clip, spike_decision
 from training.params import ParamSpec, spec_map
-from training.reduction import Coord, exact_result, exact_sums, reduce_gradients
+from training.reduction import (Coord, exact_result, exact_sums, ordered_across_ranks, reduce_gradients,
+                                uniform_accum)
 from training.sharding import Shard, ShardedStep
 from kernels.ref.reduce import exact_mean
 
@@ -239,9 +241,13 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         if topology.world != group.world:
             raise ConfigError(f"real data parallelism: topology {topology.label()} has {topology.world} ranks, the "
                               f"group {group.world}")
-        if t.reduction != "exact" and group.world > 1:
-            raise ConfigError(f"train.reduction={t.reduction!r} on {group.world} real workers: only 'exact' is "
-                              f"wired to real collectives")
+        if t.reduction == "ordered":
+            if topology.dp_shard > 1:
+                raise ConfigError(f"train.reduction='ordered' with HSDP ({topology.label()}) on real workers: not "
+                                  f"wired; use 'exact' (the same bits on any mesh) or --dp-shard 1")
+            if set(weight) != {1}:
+                raise ConfigError("train.reduction='ordered': microbatches of different sizes (use 'exact')")
+            accum = uniform_accum(coords, topology)  # every rank the same count, before the plan is cut to mine
         me = divmod(group.rank, topology.dp_shard)  # (replica, shard)
         plan = [(c, w) for c, w in plan if (c.replica, c.shard) == me]  # possibly none: it adds zeros
         if topology.dp_shard > 1:
@@ -258,10 +264,13 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     if group is None:
         reduced = reduce_gradients(parts, topology, coords, t.reduction, ctx.ops, weight)
     else:
-        sums = exact_sums(parts, ctx.ops, like=params32, weight=dict(zip(coords, weight)))
-        if sharded is not None:
+        if t.reduction == "ordered":
+            reduced = ordered_across_ranks(parts, accum, topology.dp_replicate, group.all_reduce_ordered_)
+        elif sharded is not None:
+            sums = exact_sums(parts, ctx.ops, like=params32, weight=dict(zip(coords, weight)))
             reduced = sharded.reduce(sums, n)  # my slice of it
         else:
+            sums = exact_sums(parts, ctx.ops, like=params32, weight=dict(zip(coords, weight)))
             for k in sorted(sums):  # the same order on every rank
                 for buf in sums[k].shared():
                     group.all_reduce_sum_(buf)

@@ -1,4 +1,5 @@
-"""Training on Ray Train V2 workers: a 2-worker run's hash log equals the one-process run's.
+"""Training on Ray Train V2 workers: a 2-worker run's hash log equals the one-process run's; `ordered` reduction
+on 3 workers equals the virtual 3 x 1 run.
 
 With exact reduction and micro_batch = 1 a step's bits do not depend on the world size, so the 2-worker
 log is byte-identical to the one-process run on the virtual topology 2x1, and equal to the 1x1 run in every
@@ -10,7 +11,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from training.config import Topology  # noqa: E402
 from training.train import TrainOptions, train  # noqa: E402
@@ -61,9 +61,27 @@ def test_two_workers_equal_one_process(cfg1, ray_local, one_thread, tmp_path):
     assert any(p.name.startswith("checkpoint") for p in (real / "ray").rglob("*") if p.is_dir())
 
 
+def test_ordered_reduction_on_three_workers_is_the_virtual_3x1_run(cfg1, ray_local, one_thread, tmp_path):
+    """`ordered`: each rank folds its 2 microbatches in order, the ranks meet in collectives' recursive doubling
+    (float32 on the wire): the bits of the one-process run on the virtual topology 3 x 1, which a replay rebuilds
+    from the log's topology."""
+    from replay.core import replay_segment
+    from training.ray_train import train_ray
+
+    cfg = cfg1.replace(**{"train.reduction": "ordered", "train.batch_phases": ((1 << 50, 6),)})
+    opts = dict(steps=3, checkpoint_every=0, eval_every=0, progress=False)
+    virt, real = tmp_path / "virt", tmp_path / "real"
+    train(cfg, virt, TrainOptions(**opts, topology=Topology(3, 1)))
+    train_ray(cfg, real, TrainOptions(**opts), (3, 3), threads=1)
+    assert (real / "hashlog.jsonl").read_bytes() == (virt / "hashlog.jsonl").read_bytes()
+    assert {r["accum"] for r in _records(real)[1:]} == {6}
+    assert replay_segment(real, 0, 3).verdict == "MATCH"
+
+
 def test_workers_option_and_refusals(cfg1, one_thread):
-    """--workers parsing; a real group refuses `ordered` reduction and a topology of another world size (HSDP,
-    dp_shard > 1, is accepted: tests/training/test_ray_hsdp.py); train_ray refuses --workers not multiples of --dp-shard."""
+    """--workers parsing; a real group refuses `ordered` reduction where its ranks run different numbers of
+    microbatches or under HSDP, and a topology of another world size (exact HSDP, dp_shard > 1, is accepted:
+    tests/training/test_ray_hsdp.py); train_ray refuses --workers not multiples of --dp-shard."""
     import torch
 
     from training.errors import ConfigError
@@ -77,16 +95,19 @@ def test_workers_option_and_refusals(cfg1, one_thread):
         with pytest.raises(ConfigError):
             parse_workers(bad)
 
-    class Two:  # rank 0 of a (pretend) 2-worker group: the refusals come before any collective
-        rank, world = 0, 2
+    class Group:  # rank 0 of a (pretend) group: the refusals come before any collective
+        def __init__(self, world: int) -> None:
+            self.rank, self.world = 0, world
 
-    tokens = torch.zeros((2, cfg1.model.seq_len + 1), dtype=torch.int64)
-    for cfg, topo, word in ((cfg1.replace(**{"train.reduction": "ordered"}), Topology(2, 1), "ordered"),
+    tokens = torch.zeros((2, cfg1.model.seq_len + 1), dtype=torch.int64)  # step 0: 2 windows
+    ordered = cfg1.replace(**{"train.reduction": "ordered"})
+    for cfg, topo, word in ((ordered, Topology(3, 1), "same number on every rank"),  # 1, 1 and 0 microbatches
+                            (ordered, Topology(1, 2), "HSDP"),
                             (cfg1, Topology(1, 1), "has 1 ranks, the group 2")):
         ctx = StepContext.build(cfg)
         state = TrainState.fresh(init_params(cfg.model, cfg.train.seed))
         with pytest.raises(ConfigError, match=word):
-            run_step(state, tokens, topo, ctx, Two())
+            run_step(state, tokens, topo, ctx, Group(2 if topo.world < 3 else 3))
     for workers, shard in (((2, 3), 2), ((3, 3), 2), ((2, 2), 0)):
         with pytest.raises(ConfigError, match="--dp-shard"):
             train_ray(cfg1, "/nonexistent/run", TrainOptions(1, progress=False), workers, dp_shard=shard)
