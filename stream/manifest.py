@@ -89,8 +89,9 @@ def manifest_from_dict(d: dict, root: Path) -> Manifest:
                 for e in s["shards"]))
             for s in d["sources"])
         m = Manifest(root, t["path"], t["blake3"], t["separator"], int(t["separator_id"]), int(t["vocab_size"]), sources)
-    except (KeyError, TypeError) as e:
-        raise StreamError(f"manifest in {root}: missing or malformed field {e}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise StreamError(f"manifest in {root}: missing or malformed field {e}; rebuild it with `python -m app data "
+                          f"build-demo` or `data prepare`") from None
     for s in m.sources:
         if s.documents < 1:
             raise ConfigError(f"manifest in {root}: source {s.name!r} has no documents")
@@ -103,7 +104,15 @@ def load_manifest(root: str | Path) -> Manifest:
     path = root / MANIFEST_NAME
     if not path.is_file():
         raise StreamError(f"{path}: no manifest (build one with `python -m app data build-demo` or `data prepare`)")
-    return manifest_from_dict(json.loads(path.read_bytes()), root)
+    try:
+        d = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StreamError(f"{path}: not valid JSON ({e}); rebuild the manifest with `python -m app data build-demo` "
+                          f"or `data prepare`") from None
+    if not isinstance(d, dict):
+        raise StreamError(f"{path}: expected a JSON object; rebuild the manifest with `python -m app data build-demo` "
+                          f"or `data prepare`")
+    return manifest_from_dict(d, root)
 
 
 def read_shard_bytes(path: Path, expected: str | None = None, expected_size: int | None = None) -> tuple[bytes, str]:
