@@ -39,6 +39,12 @@ class TrainOptions:
     backend: str = "ref"  # kernels.backend: "triton" runs the Triton twins on CUDA; the bits are the same
     threads: int = 0  # torch CPU threads (0: torch's default)
 
+    def __post_init__(self) -> None:
+        for flag, value, least in (("--steps", self.steps, 1), ("--checkpoint-every", self.checkpoint_every, 0),
+                                   ("--eval-every", self.eval_every, 0), ("--threads", self.threads, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{flag}: expected an int >= {least}, got {value!r}")
+
 
 def _record(r: StepResult, tokens: int, state_digest: bytes, chain_digest: bytes) -> dict:
     """The hash-log record of a step: only values that are functions of config, corpus and code."""
@@ -94,6 +100,11 @@ class Trainer:
             raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size}, but corpus {cfg.train.corpus} has a "
                               f"{vocab}-token tokenizer")
         self.heldout = heldout_tokens(cfg, self.ctx.device)
+        t = cfg.train
+        end = self.ctx.batch.window_range(opts.steps - 1)[1]
+        if t.heldout_windows and end > t.heldout_window:
+            raise ConfigError(f"--steps {opts.steps}: would read windows up to {end}, past train.heldout_window="
+                              f"{t.heldout_window} (the held-out slice); train fewer steps or move the slice")
         self._open_run_dir(resume)
         self.metrics = JsonlLog(self.out / METRICS) if writer else _NullLog()
         self.expected: dict[int, dict] = {}
@@ -225,11 +236,6 @@ class Trainer:
         o = self.opts
         if self.state.step >= o.steps:
             raise ConfigError(f"--steps {o.steps}: the run is already at step {self.state.step}")
-        t = self.cfg.train
-        end = self.ctx.batch.window_range(o.steps - 1)[1]
-        if t.heldout_windows and end > t.heldout_window:
-            raise ConfigError(f"--steps {o.steps}: would read windows up to {end}, past train.heldout_window="
-                              f"{t.heldout_window} (the held-out slice); train fewer steps or move the slice")
         first = self.state.step
         if first == 0 and o.eval_every:
             self.evaluate()
