@@ -85,12 +85,18 @@ class _Run:
         return st
 
 
-def open_run(run: str | Path, corpus: str | Path | None = None) -> _Run:
-    """Read and check a run directory for replay (rundesc's order of checks); AuditRefused names what failed."""
+def open_run(run: str | Path, corpus: str | Path | None = None, steps: tuple[int, int] | None = None) -> _Run:
+    """Read and check a run directory for replay (rundesc's order of checks); AuditRefused names what failed.
+
+    `steps` [first, end): refused first, before the run's files are checked, unless the log holds them all."""
     path = Path(run)
     if not (path / CONFIG).is_file() or not (path / HASHLOG).is_file():
         raise AuditRefused(f"{path}: not a run directory (needs {CONFIG} and {HASHLOG})")
     records = read_jsonl(path / HASHLOG)
+    if steps is not None and not 0 <= steps[0] < steps[1] <= len(records) - 1:
+        held = f"steps 0..{len(records) - 2}" if len(records) > 1 else "no steps"
+        raise AuditRefused(f"{path / HASHLOG}: holds {held}; steps {steps[0]}..{steps[1] - 1} were asked (the last "
+                           f"step replayed must be logged, and not before the first)")
     try:
         desc = rundir.read_run_json(path)
         cfg, config_json = rundir.read_config(path)
@@ -246,11 +252,8 @@ def replay_segment(run: str | Path, first_step: int, end_step: int, device: str 
                    corpus: str | Path | None = None, backend: str = "ref") -> ReplayResult:
     """Replay steps [first_step, end_step) of `run` on one device and compare with its log (module doc)."""
     t0 = time.perf_counter()
-    r = open_run(run, corpus)
+    r = open_run(run, corpus, (first_step, end_step))
     last = len(r.records) - 1  # steps 0 .. last-1 are logged
-    if not 0 <= first_step < end_step <= last:
-        raise AuditRefused(f"{r.path / HASHLOG}: steps [{first_step}, {end_step}) asked, the log holds steps "
-                           f"0..{last - 1}")
     devices.check(device, backend)
     ctx = StepContext.build(r.cfg, device, backend)
     state, prev, mm = _start(r, ctx, first_step, device)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from training.errors import AppError
 from replay.errors import AuditRefused
+from stream.errors import StreamError
 from stream.fileio import blake3_file
 from stream.manifest import MANIFEST_NAME, load_manifest
 from training.rundir import HASHLOG, RUN_JSON
@@ -60,10 +60,8 @@ def check_corpus(run: Path, desc: dict | None, corpus: Path, explicit: bool) -> 
     want = desc.get("corpus", {})
     try:
         m = load_manifest(corpus)
-    except AppError:
-        raise
-    except Exception as e:  # stream errors name the file
-        raise AuditRefused(f"{corpus / MANIFEST_NAME}: {e}") from None
+    except (StreamError, OSError) as e:  # each names the file
+        raise AuditRefused(f"corpus {corpus}: {e}") from None
     notes = []
     if m.digest != want.get("manifest_blake3"):
         msg = (f"{corpus / MANIFEST_NAME}: corpus manifest digest {m.digest}, the run's ({run / 'data' / MANIFEST_NAME}) "
