@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from app.argtypes import COUNT, POSITIVE
+
 
 def _replay(args: argparse.Namespace) -> int:
     from replay.console import ReplayOptions, replay_main
@@ -18,15 +20,16 @@ def add_replay_command(asub: argparse._SubParsersAction) -> None:
     r = asub.add_parser("replay", help="replay steps on this device; MATCH or MISMATCH (first step, stage, element)",
                         description="Exit status: 0 MATCH, 1 MISMATCH, 2 refused input.")
     r.add_argument("--run", required=True, help="run directory")
-    r.add_argument("--until-step", type=int, required=True, help="last step to replay (inclusive)")
-    r.add_argument("--from-checkpoint", type=int, default=None,
+    r.add_argument("--until-step", type=COUNT, required=True, help="last step to replay (inclusive)")
+    r.add_argument("--from-checkpoint", type=POSITIVE, default=None,
                    help="start from the run's checkpoint of this step (default: from the initialization)")
     r.add_argument("--device", default="cpu", help="cpu or cuda")
     r.add_argument("--backend", default="ref", choices=("ref", "triton"),
                    help="op library: ref or triton (the Triton twins on CUDA); a MATCH means the same bits either way")
     r.add_argument("--corpus", default=None, help="read this copy of the corpus instead of the config's; manifest "
                                                  "differences are reported, the tokens checked by the step digests")
-    r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")
+    r.add_argument("--threads", type=COUNT, default=0,
+                   help="torch CPU threads (0: torch's default); bits do not change")
     r.add_argument("--no-progress", action="store_true", help="no live progress display")
     r.set_defaults(func=_replay)
 
@@ -49,7 +52,7 @@ def add_batch_commands(asub: argparse._SubParsersAction) -> None:
                                     "merged coverage), 2 refused input.")
     b.add_argument("--run", required=True, help="run directory (readable at the same path by every auditor)")
     b.add_argument("--steps", default=":", help="A:B audits steps A..B-1 (default: every logged step)")
-    b.add_argument("--segment", type=int, default=None,
+    b.add_argument("--segment", type=POSITIVE, default=None,
                    help="steps per segment (default: the run's checkpoint spacing); segments end on checkpoints")
     b.add_argument("--address", default=None, help="Ray cluster address ('auto': a running `ray start --head`); "
                                                   "default: start a local Ray instance")
@@ -58,7 +61,7 @@ def add_batch_commands(asub: argparse._SubParsersAction) -> None:
                                                "resource, e.g. cpu_x86 or cpu_arm")
     b.add_argument("--resources", default=None, help='per-auditor Ray resources as JSON, e.g. {"cpu_arm": 1} or '
                                                     '{"num_gpus": 1, "num_cpus": 4}; replaces the default')
-    b.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
+    b.add_argument("--num-cpus", type=POSITIVE, default=None, help="CPUs of the local Ray instance (default: all)")
     b.add_argument("--kind-override", default=None, help=argparse.SUPPRESS)  # tests: simulate another kind
     b.add_argument("--no-progress", action="store_true", help="no live progress display")
     b.set_defaults(func=_batch)
