@@ -322,10 +322,7 @@ def batch_main(run: str, opts: BatchOptions) -> int:
     verdicts = Counter(r["verdict"] for r in out.rows)
     console.print(f"job {out.job_id}: {len(out.rows)} segment(s), " +
                   ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + f"; certificates {out.path}")
-    for r in out.rows:
-        if r["verdict"] == "REFUSED":
-            console.print(f"[yellow]refused[/] segment {r['first_step']}..{r['end_step'] - 1}: {r['mismatch_detail']}")
-    cov = coverage_of(run)
+    cov = coverage_of(run)  # its table lists this job's refused segments (and any earlier job's) apart
     print_coverage(cov, console)
     console.print(f"coverage map: {draw_coverage(cov)}")
     if verdicts["MISMATCH"] or cov.verdict.startswith("FAILED"):

@@ -136,3 +136,67 @@ def test_other_runs_and_stale_certificates_are_ignored_with_a_warning(tmp_path):
     cov = coverage_of(run)
     assert cov.verdict == "INCOMPLETE: 0/12 steps certified"
     assert any("mine.parquet" in w and "edited" in w for w in cov.warnings)
+
+
+def _printed(cov) -> str:
+    from rich.console import Console
+
+    from replay.coverage import print_coverage
+
+    console = Console(record=True, width=250, color_system=None)
+    print_coverage(cov, console)
+    return console.export_text()
+
+
+def _assert_partition(cov) -> None:
+    """The table's rows cover 0..N-1 in order, each step once; its uncovered rows are the map's grey ranges."""
+    rows = cov.rows()
+    assert rows[0]["first"] == 0 and rows[-1]["end"] == cov.n_steps
+    assert all(a["end"] == b["first"] and a["first"] < a["end"] for a, b in zip(rows, rows[1:] + [None]) if b)
+    assert [(r["first"], r["end"]) for r in rows if not r["covered"]] == cov.uncovered_ranges()
+
+
+def test_table_rows_partition_the_steps_and_refusals_are_listed_apart(tmp_path):
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    why = "CheckpointError: step-000000000004/params.safetensors: blake3 mismatch"
+    write_certificates(run, "j1", [_cert(log, 0, 4), _cert(log, 8, 12)])
+    # a job that was refused: one segment of the default cut, one whole-run segment over steps others certified
+    write_certificates(run, "j2", [{**_cert(log, 4, 8, "REFUSED", job="j2"), "mismatch_detail": why},
+                                   {**_cert(log, 0, 12, "REFUSED", job="j2"), "mismatch_detail": why}])
+    write_certificates(run, "j3", [_cert(log, 2, 6, kind="cpu_arm", job="j3", source="override")])  # another cut
+    write_certificates(run, "j4", [{**_cert(log, 0, 12, "REFUSED", kind="gpu_nvidia", job="j4"),
+                                    "mismatch_detail": why}])
+    cov = coverage_of(run)
+    assert cov.verdict == "INCOMPLETE: 10/12 steps certified"
+    _assert_partition(cov)
+    assert [(r["first"], r["end"], r["match"], r["jobs"], r["cross_hardware"]) for r in cov.rows()] == [
+        (0, 2, ["cpu_x86"], 1, False), (2, 4, ["cpu_arm*", "cpu_x86"], 2, True), (4, 6, ["cpu_arm*"], 1, False),
+        (6, 8, [], 0, False), (8, 12, ["cpu_x86"], 1, False)]
+    assert [(c["first_step"], c["end_step"], c["kind"]) for c in cov.refused()] == [
+        (0, 12, "cpu_x86"), (0, 12, "gpu_nvidia"), (4, 8, "cpu_x86")]
+    assert "gpu_nvidia" not in cov.status  # a kind with only refusals has no row on the map
+
+    text = _printed(cov)
+    table, _, refused = text.partition("refused: 3 segment(s)")
+    assert refused, text
+    import re
+    ranges = [(int(a), int(b) + 1) for a, b in re.findall(r"^│ (\d+)\.\.(\d+) ", table, flags=re.M)]
+    assert ranges == [(r["first"], r["end"]) for r in cov.rows()]  # printed as computed: no overlap
+    assert "refused on" not in table and why not in table
+    assert [(int(a), int(b) + 1) for a, b in re.findall(r"^│ (\d+)\.\.(\d+) ", refused, flags=re.M)] == [
+        (0, 12), (0, 12), (4, 8)]
+    assert refused.count("blake3 mismatch") == 3
+
+
+def test_a_mismatch_row_is_its_step_alone(tmp_path):
+    """A MISMATCH certificate certifies its steps before the divergence; the steps after it stay uncovered."""
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    write_certificates(run, "j1", [_cert(log, 0, 4), _cert(log, 4, 8, "MISMATCH", bad_step=5), _cert(log, 8, 12)])
+    cov = coverage_of(run)
+    _assert_partition(cov)
+    assert [(r["first"], r["end"], r["match"], r["mismatch"]) for r in cov.rows()] == [
+        (0, 4, ["cpu_x86"], []), (4, 5, ["cpu_x86"], []), (5, 6, [], ["cpu_x86"]), (6, 8, [], []),
+        (8, 12, ["cpu_x86"], [])]
+    assert cov.rows()[2]["first_bad"]["mismatch_step"] == 5 and not cov.refused()
