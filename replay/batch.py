@@ -17,6 +17,7 @@ import platform
 import socket
 import time
 import uuid
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,10 +294,18 @@ def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, device: str, k
     ds = ray.data.from_items(items, override_num_blocks=len(items))  # one block per segment: all can start
     # the pool starts at one auditor and grows to as many as the requested resources fit
     strategy = ray.data.ActorPoolStrategy(min_size=1, max_size=pool)
-    ds = ds.map_batches(Auditor, batch_size=1, compute=strategy, num_cpus=req["num_cpus"],
-                        num_gpus=req["num_gpus"], resources=req["resources"] or None,
-                        fn_constructor_kwargs={"device": device, "threads": int(req["num_cpus"]) or 1,
-                                               "kind_override": kind_override})
+    # max_restarts=0: Ray Data would have Ray restart a lost auditor (its default, -1), but it hands every pool actor
+    # its context and transformer by object-store reference, and Ray cannot promise a restart whose constructor
+    # arguments live there (it logs an ERROR at each job's first auditor saying so). A lost auditor (a node gone)
+    # ends the job with Ray's error instead; run it again (coverage merges jobs: `--steps A:B` covers what is missing).
+    # Ray 2.60 takes max_restarts only among the extra remote args it has deprecated (to go in 2.64, where this call
+    # would fail loudly with a TypeError): that one deprecation notice is not shown.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", category=DeprecationWarning)
+        ds = ds.map_batches(Auditor, batch_size=1, compute=strategy, num_cpus=req["num_cpus"],
+                            num_gpus=req["num_gpus"], resources=req["resources"] or None, max_restarts=0,
+                            fn_constructor_kwargs={"device": device, "threads": int(req["num_cpus"]) or 1,
+                                                   "kind_override": kind_override})
     rows: list[dict] = []
     cols = (TextColumn("[bold]audit {task.fields[job]}"), MofNCompleteColumn(), TextColumn("segments"), BarColumn(),
             TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
