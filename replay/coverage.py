@@ -119,6 +119,10 @@ class Coverage:
                         "chain": self.log.chain(b - 1), "first_bad": mism[0] if mism else None})
         return out
 
+    def kind_label(self, kind: str) -> str:
+        """The kind as tables and the map name it: `*` marks a kind some job overrode (a simulated kind)."""
+        return kind + ("*" if _overridden(self, kind) else "")
+
     def segments(self) -> list[dict]:
         """The table's covered rows (certified MATCH or MISMATCH on some kind)."""
         return [r for r in self.rows() if r["covered"]]
@@ -206,12 +210,15 @@ def draw_coverage(cov: Coverage, path: str | Path | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(kinds)))
     for y, kind in enumerate(kinds):
         row = cov.status.get(kind, np.zeros(cov.n_steps, dtype=np.int8))
-        for a, b, v in _runs(row):
-            ax.broken_barh([(a, b - a)], (y - 0.4, 0.8), color=colors[v])
+        for a, b, v in sorted(_runs(row), key=lambda r: r[2] == MISMATCH):  # mismatches last, on top
+            # a mismatch is one step: drawn at least 1/400 of the axis wide, so it shows on a run of any length
+            width = max(b - a, cov.n_steps / 400) if v == MISMATCH else b - a
+            ax.broken_barh([(a, width)], (y - 0.4, 0.8), color=colors[v])
         starts = sorted({c["first_step"] for c in cov.certs if c["kind"] == kind and c["verdict"] != "REFUSED"} - {0})
-        if len(starts) <= 200:  # segment boundaries, while they stay readable
+        gaps = np.diff([0, *starts])
+        if len(starts) <= 200 and (not starts or gaps.min() >= cov.n_steps / 200):  # boundaries, while readable
             ax.vlines(starts, y - 0.4, y + 0.4, color="white", linewidth=0.8)
-    ax.set_yticks(range(len(kinds)), [k + ("*" if _overridden(cov, k) else "") for k in kinds])
+    ax.set_yticks(range(len(kinds)), [cov.kind_label(k) for k in kinds])
     ax.set_xlim(0, max(cov.n_steps, 1))
     ax.set_xlabel("step")
     n_refused = len(cov.refused())

@@ -48,12 +48,12 @@ def test_resources_refuse_what_the_cluster_lacks():
         auditor_resources("cpu", None, "[1]", cluster)
 
 
-def _fake_run(root: Path, tag: str = "a") -> Path:
-    """A hash log of N steps whose chain hashes are derived from `tag` (another tag: another run)."""
+def _fake_run(root: Path, tag: str = "a", n: int = N) -> Path:
+    """A hash log of n steps whose chain hashes are derived from `tag` (another tag: another run)."""
     run = root / tag
     run.mkdir()
     lines = []
-    for step in range(-1, N):
+    for step in range(-1, n):
         h = blake3.blake3(f"{tag}{step}".encode()).hexdigest()
         lines.append(json.dumps({"chain_hash": h, "state_hash": h, "step": step}, sort_keys=True,
                                 separators=(",", ":")))
@@ -120,6 +120,25 @@ def test_mismatch_fails_the_run_and_certifies_the_steps_before_it(tmp_path):
     red = (np.abs(img - [214, 39, 40]).max(axis=-1) < 3).any()
     grey = (np.abs(img - [187, 187, 187]).max(axis=-1) < 3).any()
     assert red and grey, "the map shows the mismatch in red and the uncovered steps in grey"
+
+
+def _pixels(png: Path, rgb: tuple[int, int, int]) -> int:
+    import matplotlib.image
+
+    img = (np.asarray(matplotlib.image.imread(png))[..., :3] * 255).round()
+    return int((np.abs(img - rgb).max(axis=-1) < 3).sum())
+
+
+def test_map_of_a_long_run_shows_short_segments_and_a_one_step_mismatch(tmp_path):
+    """200 segments of 10 steps in a 20,000-step run stay green (their boundaries are not drawn where they would
+    cover them), and a mismatch of one step is drawn wide enough to see."""
+    run = _fake_run(tmp_path, n=20_000)
+    log = RunLog(run)
+    write_certificates(run, "j1", [_cert(log, a, a + 10) for a in range(0, 2000, 10)]
+                       + [_cert(log, 10_000, 10_100, "MISMATCH", bad_step=10_050)])
+    png = draw_coverage(coverage_of(run))
+    assert _pixels(png, (44, 160, 44)) > 500, "the 2,000 certified steps show green"
+    assert _pixels(png, (214, 39, 40)) > 20, "the one mismatched step shows red"
 
 
 def test_other_runs_and_stale_certificates_are_ignored_with_a_warning(tmp_path):
