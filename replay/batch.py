@@ -144,30 +144,36 @@ class Auditor:
         return pa.Table.from_pylist(rows, schema=SCHEMA)
 
     def audit(self, run: str, first: int, end: int, job_id: str) -> dict:
-        """Replay [first, end) and return its certificate; a refused input (AppError) is a REFUSED certificate."""
-        from replay.core import replay_segment
+        """Replay [first, end) and return its certificate (certificate_row)."""
+        return certificate_row(run, first, end, job_id, self._log(run), self.device, self.kind, self.kind_source,
+                               self.facts)
 
-        log = self._log(run)
-        row = {"job_id": job_id, "run_hash": log.run_hash, "first_step": first, "end_step": end,
-               "start_checkpoint": start_checkpoint(first, list_checkpoints(run)),
-               "log_digest": log.segment_digest(first, end), "expected_chain": log.chain(end - 1),
-               "computed_chain": "", "mismatch_step": None, "mismatch_stage": None, "mismatch_detail": None,
-               "steps_replayed": 0, "kind": self.kind, "kind_source": self.kind_source, "backend": "",
-               **self.facts}
-        t0 = time.perf_counter()
-        try:
-            r = replay_segment(run, first, end, device=self.device)
-        except AppError as e:  # bad digests, a non-deterministic run: recorded, certifies nothing
-            row.update(verdict="REFUSED", mismatch_detail=f"{type(e).__name__}: {e}")
-        else:
-            row.update(verdict=r.verdict, expected_chain=r.expected_chain, computed_chain=r.computed_chain,
-                       steps_replayed=r.steps_replayed, backend=r.backend, device=r.device,
-                       start_checkpoint=getattr(r, "start_step", row["start_checkpoint"]))
-            if r.mismatch is not None:
-                row.update(mismatch_step=r.mismatch.step, mismatch_stage=r.mismatch.stage,
-                           mismatch_detail=r.mismatch.detail)
-        row.update(seconds=time.perf_counter() - t0, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        return row
+
+def certificate_row(run: str | Path, first: int, end: int, job_id: str, log: RunLog, device: str, kind: str,
+                    kind_source: str, facts: dict) -> dict:
+    """Replay [first, end) of `run` on this process's `device` and return its certificate (a row of SCHEMA); a
+    refused input (AppError) is a REFUSED certificate. The auditor's work, callable without Ray."""
+    from replay.core import replay_segment
+
+    row = {"job_id": job_id, "run_hash": log.run_hash, "first_step": first, "end_step": end,
+           "start_checkpoint": start_checkpoint(first, list_checkpoints(run)),
+           "log_digest": log.segment_digest(first, end), "expected_chain": log.chain(end - 1),
+           "computed_chain": "", "mismatch_step": None, "mismatch_stage": None, "mismatch_detail": None,
+           "steps_replayed": 0, "kind": kind, "kind_source": kind_source, "backend": "", **facts}
+    t0 = time.perf_counter()
+    try:
+        r = replay_segment(run, first, end, device=device)
+    except AppError as e:  # bad digests, a non-deterministic run: recorded, certifies nothing
+        row.update(verdict="REFUSED", mismatch_detail=f"{type(e).__name__}: {e}")
+    else:
+        row.update(verdict=r.verdict, expected_chain=r.expected_chain, computed_chain=r.computed_chain,
+                   steps_replayed=r.steps_replayed, backend=r.backend, device=r.device,
+                   start_checkpoint=getattr(r, "start_step", row["start_checkpoint"]))
+        if r.mismatch is not None:
+            row.update(mismatch_step=r.mismatch.step, mismatch_stage=r.mismatch.stage,
+                       mismatch_detail=r.mismatch.detail)
+    row.update(seconds=time.perf_counter() - t0, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    return row
 
 
 # -- resources and the Ray connection -----------------------------------------------------------------------
