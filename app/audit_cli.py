@@ -1,6 +1,7 @@
 """`python -m app audit <command>`: parses arguments and delegates to replay/; no logic lives here.
 
-`add_audit(sub)` adds the `audit` group to the subparsers of app/cli.py. Subcommands: replay, batch, coverage, compare.
+`add_audit(sub)` adds the `audit` group to the subparsers of app/cli.py. Subcommands: replay, batch, coverage, compare,
+site.
 """
 from __future__ import annotations
 
@@ -86,10 +87,32 @@ def add_compare_command(asub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_compare)
 
 
+def _site(args: argparse.Namespace) -> int:
+    from replay.site.build import SiteOptions, site_main
+    return site_main(args.run, args.out, SiteOptions(args.documents_steps, args.corpus))
+
+
+def add_site_command(asub: argparse._SubParsersAction) -> None:
+    """`audit site`."""
+    s = asub.add_parser("site", help="a static website of a run: overview, plots, every step, a view per step",
+                        description="Reads the run directory and its certificates, never writes there; the site "
+                                    "works from file:// and from any static web server. Exit status: 0 written, "
+                                    "2 refused input.")
+    s.add_argument("--run", required=True, help="run directory")
+    s.add_argument("--out", required=True, help="site directory (new, or an earlier site, which is replaced)")
+    s.add_argument("--documents-steps", default="0:50",
+                   help="A:B lists the documents of steps A..B-1 in their step views (default 0:50); MISMATCH steps "
+                        "always")
+    s.add_argument("--corpus", default=None, help="read the documents from this copy of the corpus (default: the "
+                                                 "run's, as its config and run.json name it)")
+    s.set_defaults(func=_site)
+
+
 def add_audit(sub: argparse._SubParsersAction) -> None:
     """The `audit` group."""
-    audit = sub.add_parser("audit", help="replay steps and certify a run: replay, batch, coverage, compare")
+    audit = sub.add_parser("audit", help="replay steps and certify a run: replay, batch, coverage, compare, site")
     asub = audit.add_subparsers(dest="audit_cmd", required=True)
     add_replay_command(asub)
     add_batch_commands(asub)
     add_compare_command(asub)
+    add_site_command(asub)

@@ -89,3 +89,24 @@ def _manifest_diff(theirs: Path, ours: Path) -> str:
     sa, sb = shards(a), shards(b)
     diff = [f"{src}/{path}" for (src, path) in sorted(set(sa) | set(sb)) if sa.get((src, path)) != sb.get((src, path))]
     return f" (shards differing: {', '.join(diff[:5])}{' ...' if len(diff) > 5 else ''})" if diff else ""
+
+
+def find_corpus(run: Path, config_corpus: str, desc: dict | None,
+                given: str | Path | None = None) -> tuple[Path | None, str]:
+    """(the run's corpus directory, "") or (None, why not): `given` if any, else the config's `train.corpus`, else the
+    path run.json recorded; the first whose manifest loads and, where run.json names one, has the run's digest.
+    For readers that can do without the corpus (the audit site's step view), so nothing here raises."""
+    want = (desc or {}).get("corpus", {}).get("manifest_blake3")
+    tried = []
+    paths = [given] if given is not None else [config_corpus, (desc or {}).get("corpus", {}).get("path")]
+    for p in dict.fromkeys(Path(x) for x in paths if x):
+        try:
+            m = load_manifest(p)
+        except (StreamError, OSError) as e:
+            tried.append(str(e))
+            continue
+        if want is not None and m.digest != want:
+            tried.append(f"{p / MANIFEST_NAME}: manifest digest {m.digest}, the run's ({run / RUN_JSON}) is {want}")
+            continue
+        return p, ""
+    return None, "; ".join(tried) or f"{run / RUN_JSON}: names no corpus"

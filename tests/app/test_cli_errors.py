@@ -64,6 +64,12 @@ CASES = [
     ("coverage-corrupt-certificate", ["audit", "coverage", "--run", "badcert"], ["badcert", "x.parquet"]),
     ("compare-corrupt-log", ["audit", "compare", "run", "badlog"],
      ["badlog/hashlog.jsonl", "not JSON", "intact copy"]),
+    ("site-corrupt-config", ["audit", "site", "--run", "badcfg", "--out", "s1"], ["badcfg/config.json",
+                                                                                  "not valid JSON"]),
+    ("site-out-inside-the-run", ["audit", "site", "--run", "run", "--out", "run/site"], ["--out run/site",
+                                                                                        "inside the run directory"]),
+    ("site-bad-documents-steps", ["audit", "site", "--run", "run", "--out", "s2", "--documents-steps", "9:3"],
+     ["--documents-steps 9:3"]),
     ("audit-unknown-command", ["audit", "nosuch"], ["nosuch", "invalid choice"]),
     # quant
     ("quant-fit-bad-layers", ["quant", "fit", "--model", "synthetic", "--layers", "x", "--out", "q1"],
