@@ -97,8 +97,17 @@ def _data(args: argparse.Namespace) -> int:
         return data_cli.build_demo_main(args.out, args.vocab_size)
     if args.data_cmd == "prepare":
         return data_cli.prepare_main(args.config, args.vocab_size)
-    return data_cli.inspect_main(args.step, args.corpus, args.seq_len, args.seed, args.schedule,
-                                 args.windows_per_step, args.world, args.states, args.json)
+    if args.run is not None:
+        given = [f"--{n.replace('_', '-')}" for n in ("seq_len", "seed", "schedule", "windows_per_step", "states")
+                 if getattr(args, n) is not None]
+        if given:
+            print(f"error: {given[0]}: --run takes the schedule and seed from the run's config; drop {given[0]}",
+                  file=sys.stderr)
+            return 2
+        from replay.documents import inspect_main
+        return inspect_main(args.run, args.step, args.corpus, args.world, args.json)
+    return data_cli.inspect_main(args.step, **_given(args, "corpus", "seq_len", "seed", "schedule", "windows_per_step",
+                                                     "world", "states"), as_json=args.json)
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
@@ -112,10 +121,12 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--vocab-size", type=POSITIVE, default=128_256)
     i = dsub.add_parser("inspect", help="which documents fed each window of a step")
     i.add_argument("--step", type=COUNT, required=True)
-    i.add_argument("--corpus", default="data/demo")
+    i.add_argument("--run", default=None, help="a run directory: its corpus, schedule and seed (from its config), "
+                                              "and each piece's text")
+    i.add_argument("--corpus", default=None, help="corpus directory (default data/demo; with --run the run's)")
     i.add_argument("--seq-len", type=POSITIVE, default=None, help="default: the schedule's")
-    i.add_argument("--seed", type=int, default=42)
-    i.add_argument("--schedule", default="demo", help="batch preset: demo or open-1b")
+    i.add_argument("--seed", type=int, default=None, help="default 42")
+    i.add_argument("--schedule", default=None, help="batch preset: demo (default) or open-1b")
     i.add_argument("--windows-per-step", type=POSITIVE, default=None, help="a constant batch instead of a preset")
     i.add_argument("--world", type=POSITIVE, default=None, help="show the owning data-parallel rank of each window")
     i.add_argument("--states", default=None, help="directory of saved stream states to seek from")

@@ -137,7 +137,7 @@ def _logged(rec: dict, res: StepResult, name: str):
                                                          "spike_trigger": res.triggered}.get(name, getattr(res, name, None))
 
 
-def _stage_of(rec: dict, res: StepResult) -> tuple[str, str] | None:
+def _stage_of(rec: dict, res: StepResult, run: Path) -> tuple[str, str] | None:
     """(stage, what differs) for the first of the step's logged fields the replay does not reproduce."""
     for stage, names, digests in _FIELDS:
         for n in names:
@@ -149,7 +149,7 @@ def _stage_of(rec: dict, res: StepResult) -> tuple[str, str] | None:
                 extra = ""
                 if stage == "forward":
                     extra = (f"; step loss logged {rec.get('loss')!r}, replay {res.loss!r} (windows "
-                             f"[{res.windows[0]}, {res.windows[1]}): `python -m app data inspect --step {res.step}` "
+                             f"[{res.windows[0]}, {res.windows[1]}): `python -m app data inspect --run {run} --step {res.step}` "
                              f"names their documents)")
                 return stage, f"{d} digest: logged {want}, replay {res.digests.get(d)}{extra}"
     return None
@@ -195,7 +195,7 @@ def _tensor_detail(r: _Run, ctx: StepContext, step: int, stage: str, rec: dict, 
 def _compare(r: _Run, ctx: StepContext, rec: dict, res: StepResult, sdig: bytes, chn: bytes,
              state: TrainState) -> Mismatch | None:
     step = res.step
-    found = _stage_of(rec, res)
+    found = _stage_of(rec, res, r.path)
     if found is None and rec.get("tokens") != state.tokens:
         found = ("state", f"tokens: logged {rec.get('tokens')!r}, replay {state.tokens!r}")
     if found is None and rec.get("state_hash") != sdig.hex():

@@ -104,7 +104,7 @@ def build_site(run: str | Path, out: str | Path, opts: SiteOptions = SiteOptions
     with publishing(out) as tmp:
         for name in pages.STATIC:
             (tmp / name).write_text(pages.asset(name), encoding="utf-8")
-        data.write_data(tmp / "data" / "run.js", "run", data.run_data(view, asked, note))
+        data.write_data(tmp / "data" / "run.js", "run", data.run_data(view, str(run), asked, note))
         data.write_data(tmp / "data" / "steps.js", "steps", data.steps_table(view, codes, label, labels))
         data.write_data(tmp / "data" / "certificates.js", "certificates", data.certificates(view, str(run)))
         data.write_chunks(tmp / "data", view, codes, label, labels, docs)

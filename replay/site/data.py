@@ -10,6 +10,7 @@ non-ASCII character, U+2028 included, so a file is a valid script whatever the r
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,8 @@ def write_chunks(root: Path, view: RunView, codes: np.ndarray, label: np.ndarray
     return -(-n // CHUNK)
 
 
-def run_data(view: RunView, documents_steps: tuple[int, int], note: str) -> dict:
+def run_data(view: RunView, run: str, documents_steps: tuple[int, int], note: str) -> dict:
     return {"name": view.path.resolve().name, "n_steps": view.coverage.n_steps, "run_hash": view.log.run_hash,
             "verdict": view.coverage.verdict, "statuses": list(STATUS_NAMES), "chunk": CHUNK,
-            "documents_steps": list(documents_steps), "documents_note": note}
+            "documents_steps": list(documents_steps), "documents_note": note,
+            "inspect_command": f"python -m app data inspect --run {shlex.quote(run)} --step "}

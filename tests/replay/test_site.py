@@ -17,7 +17,7 @@ import pytest
 
 from replay.batch import certificate_row, detect_kind, machine_facts, plan_segments
 from replay.certificates import RunLog, write_certificates
-from replay.site import documents as site_documents
+from replay import documents as run_documents
 from replay.site.build import SiteOptions, build_site
 from replay.site.status import mismatch_parts
 from stream import open_stream
@@ -178,7 +178,7 @@ def test_browser_shows_the_mismatch_at_its_step(edited, tmp_path):
 
 def test_markup_in_a_document_or_a_certificate_is_shown_as_text(run, tmp_path, monkeypatch):
     evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
-    monkeypatch.setattr(site_documents, "piece_text", lambda stream, tok, row, limit=600: (evil, False))
+    monkeypatch.setattr(run_documents, "piece_text", lambda stream, tok, row, limit=600: (evil, False))
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     rows = [{**c, "job_id": "<b>job</b><script>alert(3)</script>"} for c in _first_certificate(copy)]
@@ -201,7 +201,7 @@ def _first_certificate(run: Path) -> list[dict]:
     return [r for r in read_certificates(certificate_files(run)[0]) if r["first_step"] == 0]
 
 
-def test_refused_input_is_one_line(run, site, tmp_path, capsys):
+def test_refused_input_is_one_line_and_a_site_is_replaced(run, site, tmp_path, capsys):
     from app.cli import main
 
     cases = [(["--run", str(tmp_path / "missing"), "--out", str(tmp_path / "s1")], "not a run directory"),
@@ -222,9 +222,11 @@ def test_refused_input_is_one_line(run, site, tmp_path, capsys):
         assert main(["audit", "site", *args]) == 2, args
         err = capsys.readouterr().err
         assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
-    assert main(["audit", "site", "--run", str(run), "--out", str(site), "--documents-steps", "0:0"]) == 0, \
+    again = Path(shutil.copytree(site, tmp_path / "again"))
+    assert main(["audit", "site", "--run", str(run), "--out", str(again), "--documents-steps", "0:0"]) == 0, \
         "an earlier site is replaced"
-    assert json.loads((site / "site.json").read_text())["documents_steps"] == []
+    assert json.loads((again / "site.json").read_text())["documents_steps"] == []
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".again")], "no temporary left behind"
 
 
 def test_a_missing_corpus_is_said_in_the_step_view(run, tmp_path):
@@ -263,3 +265,22 @@ def test_a_long_run_is_paged(run, tmp_path):
     assert _rows(_dom(tmp_path / "site" / "steps.html", "?from=200")) == list(range(200, 250))
     assert _rows(_dom(tmp_path / "site" / "steps.html", "?topology=2x1&status=MATCH"))[:2] == [125, 126]
     assert "FAILED at step 137" in _dom(tmp_path / "site" / "index.html")
+    view = _dom(tmp_path / "site" / "step.html", "?step=5")  # outside --documents-steps: says how to list them
+    assert "--documents-steps 5:6" in view and f"python -m app data inspect --run {long} --step 5" in view
+
+
+def test_data_inspect_of_a_run_lists_what_the_step_view_lists(run, site, capsys):
+    """`data inspect --run RUN --step N` takes the run's corpus, schedule and seed: its rows are the step view's."""
+    from app.cli import main
+
+    want = _data(site, "data/steps/000000.js")["steps"][1]["documents"]
+    assert main(["data", "inspect", "--run", str(run), "--step", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"step": 1, **want}
+    assert main(["data", "inspect", "--run", str(run), "--step", "1"]) == 0
+    out = capsys.readouterr().out
+    p = want["pieces"][0]
+    assert "step 1: windows [2, 4)" in out and f"window {p['window']}, {p['source']} document {p['document']}:" in out
+    assert main(["data", "inspect", "--run", str(run), "--step", "1", "--seed", "3"]) == 2
+    assert "--seed: --run takes the schedule and seed from the run's config" in capsys.readouterr().err
+    assert main(["data", "inspect", "--run", str(run), "--step", str(STEPS)]) == 2
+    assert f"holds steps 0..{STEPS - 1}" in capsys.readouterr().err

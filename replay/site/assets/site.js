@@ -162,8 +162,9 @@ var SITE = (function () {
       var why = run.documents_note ||
         ("documents are listed for steps " + run.documents_steps[0] + ".." + (run.documents_steps[1] - 1) +
          " and the MISMATCH steps; build the site again with --documents-steps " + rec.step + ":" + (rec.step + 1) +
-         " to list this step's");
+         " to list this step's, or print them:");
       sec.appendChild(el("p", {cls: "note", text: why}));
+      if (!run.documents_note) sec.appendChild(el("pre", {text: run.inspect_command + rec.step}));
       return sec;
     }
     sec.appendChild(el("p", {cls: "note", text: "windows [" + d.windows[0] + ", " + d.windows[1] + "): each window's " +
