@@ -1,10 +1,13 @@
 """`python -m app audit <command>`: parses arguments and delegates to replay/; no logic lives here.
 
-`add_audit(sub)` adds the `audit` group to the subparsers of app/cli.py. Subcommands: replay, batch, coverage, compare.
+`add_audit(sub)` adds the `audit` group to the subparsers of app/cli.py. Subcommands: replay, batch, coverage, compare,
+site.
 """
 from __future__ import annotations
 
 import argparse
+
+from app.argtypes import COUNT, POSITIVE
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -18,8 +21,8 @@ def add_replay_command(asub: argparse._SubParsersAction) -> None:
     r = asub.add_parser("replay", help="replay steps on this device; MATCH or MISMATCH (first step, stage, element)",
                         description="Exit status: 0 MATCH, 1 MISMATCH, 2 refused input.")
     r.add_argument("--run", required=True, help="run directory")
-    r.add_argument("--until-step", type=int, required=True, help="last step to replay (inclusive)")
-    r.add_argument("--from-checkpoint", type=int, default=None,
+    r.add_argument("--until-step", type=COUNT, required=True, help="last step to replay (inclusive)")
+    r.add_argument("--from-checkpoint", type=POSITIVE, default=None,
                    help="start from the run's checkpoint of this step (default: from the initialization)")
     r.add_argument("--device", default="cpu", help="cpu or cuda")
     r.add_argument("--backend", default="ref", choices=("ref", "triton"),
@@ -27,7 +30,8 @@ def add_replay_command(asub: argparse._SubParsersAction) -> None:
     r.add_argument("--corpus", default=None, help="read this copy of the corpus (default: the config's, else where the "
                                                  "run read it); manifest differences are reported, the tokens "
                                                  "checked by the step digests")
-    r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); bits do not change")
+    r.add_argument("--threads", type=COUNT, default=0,
+                   help="torch CPU threads (0: torch's default); bits do not change")
     r.add_argument("--no-progress", action="store_true", help="no live progress display")
     r.set_defaults(func=_replay)
 
@@ -51,7 +55,7 @@ def add_batch_commands(asub: argparse._SubParsersAction) -> None:
                                     "merged coverage), 2 refused input.")
     b.add_argument("--run", required=True, help="run directory (readable at the same path by every auditor)")
     b.add_argument("--steps", default=":", help="A:B audits steps A..B-1 (default: every logged step)")
-    b.add_argument("--segment", type=int, default=None,
+    b.add_argument("--segment", type=POSITIVE, default=None,
                    help="steps per segment (default: the run's checkpoint spacing); segments end on checkpoints")
     b.add_argument("--address", default=None, help="Ray cluster address ('auto': a running `ray start --head`); "
                                                   "default: start a local Ray instance")
@@ -60,7 +64,7 @@ def add_batch_commands(asub: argparse._SubParsersAction) -> None:
                                                "resource, e.g. cpu_x86 or cpu_arm")
     b.add_argument("--resources", default=None, help='per-auditor Ray resources as JSON, e.g. {"cpu_arm": 1} or '
                                                     '{"num_gpus": 1, "num_cpus": 4}; replaces the default')
-    b.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
+    b.add_argument("--num-cpus", type=POSITIVE, default=None, help="CPUs of the local Ray instance (default: all)")
     b.add_argument("--corpus", default=None, help="read this copy of the corpus (readable at the same path by every "
                                                  "auditor); default: the config's, else where the run read it")
     b.add_argument("--kind-override", default=None, help=argparse.SUPPRESS)  # tests: simulate another kind
@@ -87,10 +91,32 @@ def add_compare_command(asub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_compare)
 
 
+def _site(args: argparse.Namespace) -> int:
+    from replay.site.build import SiteOptions, site_main
+    return site_main(args.run, args.out, SiteOptions(args.documents_steps, args.corpus))
+
+
+def add_site_command(asub: argparse._SubParsersAction) -> None:
+    """`audit site`."""
+    s = asub.add_parser("site", help="a static website of a run: overview, plots, every step, a view per step",
+                        description="Reads the run directory and its certificates, never writes there; the site "
+                                    "works from file:// and from any static web server. Exit status: 0 written, "
+                                    "2 refused input.")
+    s.add_argument("--run", required=True, help="run directory")
+    s.add_argument("--out", required=True, help="site directory (new, or an earlier site, which is replaced)")
+    s.add_argument("--documents-steps", default="0:50",
+                   help="A:B lists the documents of steps A..B-1 in their step views (default 0:50); MISMATCH steps "
+                        "always")
+    s.add_argument("--corpus", default=None, help="read the documents from this copy of the corpus (default: the "
+                                                 "run's, as its config and run.json name it)")
+    s.set_defaults(func=_site)
+
+
 def add_audit(sub: argparse._SubParsersAction) -> None:
     """The `audit` group."""
-    audit = sub.add_parser("audit", help="replay steps and certify a run: replay, batch, coverage, compare")
+    audit = sub.add_parser("audit", help="replay steps and certify a run: replay, batch, coverage, compare, site")
     asub = audit.add_subparsers(dest="audit_cmd", required=True)
     add_replay_command(asub)
     add_batch_commands(asub)
     add_compare_command(asub)
+    add_site_command(asub)

@@ -17,6 +17,7 @@ import platform
 import socket
 import time
 import uuid
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,30 +146,37 @@ class Auditor:
         return pa.Table.from_pylist(rows, schema=SCHEMA)
 
     def audit(self, run: str, first: int, end: int, job_id: str) -> dict:
-        """Replay [first, end) and return its certificate; a refused input (AppError) is a REFUSED certificate."""
-        from replay.core import replay_segment
+        """Replay [first, end) and return its certificate (certificate_row)."""
+        return certificate_row(run, first, end, job_id, self._log(run), self.device, self.kind, self.kind_source,
+                               self.facts, self.corpus)
 
-        log = self._log(run)
-        row = {"job_id": job_id, "run_hash": log.run_hash, "first_step": first, "end_step": end,
-               "start_checkpoint": start_checkpoint(first, list_checkpoints(run)),
-               "log_digest": log.segment_digest(first, end), "expected_chain": log.chain(end - 1),
-               "computed_chain": "", "mismatch_step": None, "mismatch_stage": None, "mismatch_detail": None,
-               "steps_replayed": 0, "kind": self.kind, "kind_source": self.kind_source, "backend": "",
-               **self.facts}
-        t0 = time.perf_counter()
-        try:
-            r = replay_segment(run, first, end, device=self.device, corpus=self.corpus)
-        except AppError as e:  # bad digests, a non-deterministic run: recorded, certifies nothing
-            row.update(verdict="REFUSED", mismatch_detail=f"{type(e).__name__}: {e}")
-        else:
-            row.update(verdict=r.verdict, expected_chain=r.expected_chain, computed_chain=r.computed_chain,
-                       steps_replayed=r.steps_replayed, backend=r.backend, device=r.device,
-                       start_checkpoint=getattr(r, "start_step", row["start_checkpoint"]))
-            if r.mismatch is not None:
-                row.update(mismatch_step=r.mismatch.step, mismatch_stage=r.mismatch.stage,
-                           mismatch_detail=r.mismatch.detail)
-        row.update(seconds=time.perf_counter() - t0, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        return row
+
+def certificate_row(run: str | Path, first: int, end: int, job_id: str, log: RunLog, device: str, kind: str,
+                    kind_source: str, facts: dict, corpus: str | None = None) -> dict:
+    """Replay [first, end) of `run` on this process's `device` (reading `corpus`, else rundesc.find_corpus's) and
+    return its certificate (a row of SCHEMA); a refused input (AppError) is a REFUSED certificate. The auditor's
+    work, callable without Ray."""
+    from replay.core import replay_segment
+
+    row = {"job_id": job_id, "run_hash": log.run_hash, "first_step": first, "end_step": end,
+           "start_checkpoint": start_checkpoint(first, list_checkpoints(run)),
+           "log_digest": log.segment_digest(first, end), "expected_chain": log.chain(end - 1),
+           "computed_chain": "", "mismatch_step": None, "mismatch_stage": None, "mismatch_detail": None,
+           "steps_replayed": 0, "kind": kind, "kind_source": kind_source, "backend": "", **facts}
+    t0 = time.perf_counter()
+    try:
+        r = replay_segment(run, first, end, device=device, corpus=corpus)
+    except AppError as e:  # bad digests, a non-deterministic run: recorded, certifies nothing
+        row.update(verdict="REFUSED", mismatch_detail=f"{type(e).__name__}: {e}")
+    else:
+        row.update(verdict=r.verdict, expected_chain=r.expected_chain, computed_chain=r.computed_chain,
+                   steps_replayed=r.steps_replayed, backend=r.backend, device=r.device,
+                   start_checkpoint=getattr(r, "start_step", row["start_checkpoint"]))
+        if r.mismatch is not None:
+            row.update(mismatch_step=r.mismatch.step, mismatch_stage=r.mismatch.stage,
+                       mismatch_detail=r.mismatch.detail)
+    row.update(seconds=time.perf_counter() - t0, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    return row
 
 
 # -- resources and the Ray connection -----------------------------------------------------------------------
@@ -296,11 +304,19 @@ def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, opts: BatchOpt
     ds = ray.data.from_items(items, override_num_blocks=len(items))  # one block per segment: all can start
     # the pool starts at one auditor and grows to as many as the requested resources fit
     strategy = ray.data.ActorPoolStrategy(min_size=1, max_size=pool)
-    ds = ds.map_batches(Auditor, batch_size=1, compute=strategy, num_cpus=req["num_cpus"],
-                        num_gpus=req["num_gpus"], resources=req["resources"] or None,
-                        fn_constructor_kwargs={"device": opts.device, "threads": int(req["num_cpus"]) or 1,
-                                               "kind_override": opts.kind_override,
-                                               "corpus": opts.corpus and str(Path(opts.corpus).resolve())})
+    # max_restarts=0: Ray Data would have Ray restart a lost auditor (its default, -1), but it hands every pool actor
+    # its context and transformer by object-store reference, and Ray cannot promise a restart whose constructor
+    # arguments live there (it logs an ERROR at each job's first auditor saying so). A lost auditor (a node gone)
+    # ends the job with Ray's error instead; run it again (coverage merges jobs: `--steps A:B` covers what is missing).
+    # Ray 2.60 takes max_restarts only among the extra remote args it has deprecated (to go in 2.64, where this call
+    # would fail loudly with a TypeError): that one deprecation notice is not shown.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", category=DeprecationWarning)
+        ds = ds.map_batches(Auditor, batch_size=1, compute=strategy, num_cpus=req["num_cpus"],
+                            num_gpus=req["num_gpus"], resources=req["resources"] or None, max_restarts=0,
+                            fn_constructor_kwargs={"device": opts.device, "threads": int(req["num_cpus"]) or 1,
+                                                   "kind_override": opts.kind_override,
+                                                   "corpus": opts.corpus and str(Path(opts.corpus).resolve())})
     rows: list[dict] = []
     cols = (TextColumn("[bold]audit {task.fields[job]}"), MofNCompleteColumn(), TextColumn("segments"), BarColumn(),
             TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
@@ -326,10 +342,7 @@ def batch_main(run: str, opts: BatchOptions) -> int:
     verdicts = Counter(r["verdict"] for r in out.rows)
     console.print(f"job {out.job_id}: {len(out.rows)} segment(s), " +
                   ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + f"; certificates {out.path}")
-    for r in out.rows:
-        if r["verdict"] == "REFUSED":
-            console.print(f"[yellow]refused[/] segment {r['first_step']}..{r['end_step'] - 1}: {r['mismatch_detail']}")
-    cov = coverage_of(run)
+    cov = coverage_of(run)  # its table lists this job's refused segments (and any earlier job's) apart
     print_coverage(cov, console)
     console.print(f"coverage map: {draw_coverage(cov)}")
     if verdicts["MISMATCH"] or cov.verdict.startswith("FAILED"):

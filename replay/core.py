@@ -85,12 +85,18 @@ class _Run:
         return st
 
 
-def open_run(run: str | Path, corpus: str | Path | None = None) -> _Run:
-    """Read and check a run directory for replay (rundesc's order of checks); AuditRefused names what failed."""
+def open_run(run: str | Path, corpus: str | Path | None = None, steps: tuple[int, int] | None = None) -> _Run:
+    """Read and check a run directory for replay (rundesc's order of checks); AuditRefused names what failed.
+
+    `steps` [first, end): refused first, before the run's files are checked, unless the log holds them all."""
     path = Path(run)
     if not (path / CONFIG).is_file() or not (path / HASHLOG).is_file():
         raise AuditRefused(f"{path}: not a run directory (needs {CONFIG} and {HASHLOG})")
     records = read_jsonl(path / HASHLOG)
+    if steps is not None and not 0 <= steps[0] < steps[1] <= len(records) - 1:
+        held = f"steps 0..{len(records) - 2}" if len(records) > 1 else "no steps"
+        raise AuditRefused(f"{path / HASHLOG}: holds {held}; steps {steps[0]}..{steps[1] - 1} were asked (the last "
+                           f"step replayed must be logged, and not before the first)")
     try:
         desc = rundir.read_run_json(path)
         cfg, _ = rundir.read_config(path)
@@ -131,7 +137,7 @@ def _logged(rec: dict, res: StepResult, name: str):
                                                          "spike_trigger": res.triggered}.get(name, getattr(res, name, None))
 
 
-def _stage_of(rec: dict, res: StepResult) -> tuple[str, str] | None:
+def _stage_of(rec: dict, res: StepResult, run: Path) -> tuple[str, str] | None:
     """(stage, what differs) for the first of the step's logged fields the replay does not reproduce."""
     for stage, names, digests in _FIELDS:
         for n in names:
@@ -143,7 +149,7 @@ def _stage_of(rec: dict, res: StepResult) -> tuple[str, str] | None:
                 extra = ""
                 if stage == "forward":
                     extra = (f"; step loss logged {rec.get('loss')!r}, replay {res.loss!r} (windows "
-                             f"[{res.windows[0]}, {res.windows[1]}): `python -m app data inspect --step {res.step}` "
+                             f"[{res.windows[0]}, {res.windows[1]}): `python -m app data inspect --run {run} --step {res.step}` "
                              f"names their documents)")
                 return stage, f"{d} digest: logged {want}, replay {res.digests.get(d)}{extra}"
     return None
@@ -189,7 +195,7 @@ def _tensor_detail(r: _Run, ctx: StepContext, step: int, stage: str, rec: dict, 
 def _compare(r: _Run, ctx: StepContext, rec: dict, res: StepResult, sdig: bytes, chn: bytes,
              state: TrainState) -> Mismatch | None:
     step = res.step
-    found = _stage_of(rec, res)
+    found = _stage_of(rec, res, r.path)
     if found is None and rec.get("tokens") != state.tokens:
         found = ("state", f"tokens: logged {rec.get('tokens')!r}, replay {state.tokens!r}")
     if found is None and rec.get("state_hash") != sdig.hex():
@@ -246,11 +252,8 @@ def replay_segment(run: str | Path, first_step: int, end_step: int, device: str 
                    corpus: str | Path | None = None, backend: str = "ref") -> ReplayResult:
     """Replay steps [first_step, end_step) of `run` on one device and compare with its log (module doc)."""
     t0 = time.perf_counter()
-    r = open_run(run, corpus)
+    r = open_run(run, corpus, (first_step, end_step))
     last = len(r.records) - 1  # steps 0 .. last-1 are logged
-    if not 0 <= first_step < end_step <= last:
-        raise AuditRefused(f"{r.path / HASHLOG}: steps [{first_step}, {end_step}) asked, the log holds steps "
-                           f"0..{last - 1}")
     devices.check(device, backend)
     ctx = StepContext.build(r.cfg, device, backend)
     state, prev, mm = _start(r, ctx, first_step, device)

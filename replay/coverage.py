@@ -4,6 +4,11 @@ The run's verdict: FAILED at the first step any certificate found a mismatch; VE
 0..N-1 is certified MATCH (on at least one kind) and none mismatched; INCOMPLETE otherwise. A MISMATCH
 certificate certifies its steps before the mismatch as MATCH (the replay compared them) and nothing after it.
 A segment certified MATCH on two or more hardware kinds is cross-hardware.
+
+The table's rows partition steps 0..N-1: a row starts wherever a certificate's segment (or a mismatch) starts or
+ends, so jobs cut into different segments never give overlapping rows; uncovered steps are rows of their own, and
+the map shows the same. A REFUSED certificate (the replay refused its input) certifies nothing: refusals are listed
+apart, below the table, and are neither rows of it nor marks on the map.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ class Coverage:
     def __post_init__(self) -> None:
         n = self.log.n_steps
         for c in self.certs:
+            if c["verdict"] == "REFUSED":
+                continue
             row = self.status.setdefault(c["kind"], np.zeros(n, dtype=np.int8))
             a, b = c["first_step"], c["end_step"]
             if c["verdict"] == "MATCH":
@@ -73,23 +80,57 @@ class Coverage:
             return f"VERIFIED: every step 0..{self.n_steps - 1} certified MATCH"
         return f"INCOMPLETE: {self.certified}/{self.n_steps} steps certified"
 
-    def segments(self) -> list[dict]:
-        """One row per distinct segment: kinds that matched / mismatched, jobs, cross-hardware."""
-        by: dict[tuple[int, int], list[dict]] = {}
-        for c in self.certs:
-            by.setdefault((c["first_step"], c["end_step"]), []).append(c)
+    def _spans(self) -> list[tuple[dict, int, int, int]]:
+        """(certificate, first, end, mismatch step or -1) of every certificate that certifies something."""
         out = []
-        for (a, b), cs in sorted(by.items()):
-            match = sorted({_label(c) for c in cs if c["verdict"] == "MATCH"})
-            mism = sorted({_label(c) for c in cs if c["verdict"] == "MISMATCH"})
-            refused = sorted({_label(c) for c in cs if c["verdict"] == "REFUSED"})
-            first_bad = min((c for c in cs if c["verdict"] == "MISMATCH"), key=lambda c: c["mismatch_step"],
-                            default=None)
-            out.append({"first": a, "end": b, "match": match, "mismatch": mism, "refused": refused,
-                        "jobs": len({c["job_id"] for c in cs}),
-                        "cross_hardware": len({c["kind"] for c in cs if c["verdict"] == "MATCH"}) >= 2,
-                        "chain": cs[0]["expected_chain"], "first_bad": first_bad})
+        for c in self.certs:
+            if c["verdict"] == "MATCH":
+                out.append((c, c["first_step"], c["end_step"], -1))
+            elif c["verdict"] == "MISMATCH":
+                k = c["mismatch_step"] if c["mismatch_step"] is not None else c["first_step"]
+                out.append((c, c["first_step"], c["end_step"], k))
         return out
+
+    def rows(self) -> list[dict]:
+        """The table: rows [first, end) that partition steps 0..N-1, in order, as the map shows them.
+
+        A row's MATCH kinds certified all its steps (a MISMATCH certificate does, before its divergence); its
+        MISMATCH kinds diverged at its one step; a row without either is uncovered (adjacent ones joined)."""
+        spans = self._spans()
+        cuts = {0, self.n_steps}
+        for _, a, b, k in spans:
+            cuts |= {a, b} | ({k, k + 1} if k >= 0 else set())
+        cuts = sorted(x for x in cuts if 0 <= x <= self.n_steps)
+        out: list[dict] = []
+        for a, b in zip(cuts, cuts[1:]):
+            match = [c for c, x, y, k in spans if x <= a and b <= (y if k < 0 else min(y, k))]
+            mism = [c for c, x, y, k in spans if k >= 0 and a <= k < b and x <= a and b <= y]
+            if not match and not mism:
+                if out and not out[-1]["covered"]:
+                    out[-1]["end"] = b
+                    continue
+                out.append({"first": a, "end": b, "covered": False, "match": [], "mismatch": [], "jobs": 0,
+                            "cross_hardware": False, "chain": None, "first_bad": None})
+                continue
+            out.append({"first": a, "end": b, "covered": True, "match": sorted({_label(c) for c in match}),
+                        "mismatch": sorted({_label(c) for c in mism}),
+                        "jobs": len({c["job_id"] for c in match + mism}),
+                        "cross_hardware": len({c["kind"] for c in match}) >= 2,
+                        "chain": self.log.chain(b - 1), "first_bad": mism[0] if mism else None})
+        return out
+
+    def kind_label(self, kind: str) -> str:
+        """The kind as tables and the map name it: `*` marks a kind some job overrode (a simulated kind)."""
+        return kind + ("*" if _overridden(self, kind) else "")
+
+    def segments(self) -> list[dict]:
+        """The table's covered rows (certified MATCH or MISMATCH on some kind)."""
+        return [r for r in self.rows() if r["covered"]]
+
+    def refused(self) -> list[dict]:
+        """The REFUSED certificates, by segment: listed apart from the table (they certify nothing)."""
+        return sorted((c for c in self.certs if c["verdict"] == "REFUSED"),
+                      key=lambda c: (c["first_step"], c["end_step"], c["kind"], c["job_id"]))
 
     def uncovered_ranges(self) -> list[tuple[int, int]]:
         """Maximal step ranges [a, b) that no kind certified (MATCH or MISMATCH)."""
@@ -116,7 +157,8 @@ def coverage_of(run: str | Path) -> Coverage:
 
 
 def print_coverage(cov: Coverage, console=None) -> None:
-    """The coverage table (one row per segment, uncovered ranges too), then the verdict."""
+    """The coverage table (rows partition the steps: segments as certified, uncovered ranges), the refused segments
+    apart below it, then the verdict."""
     from rich.console import Console
     from rich.table import Table
 
@@ -126,19 +168,26 @@ def print_coverage(cov: Coverage, console=None) -> None:
     t = Table(title=f"audit coverage of {cov.log.run} ({cov.n_steps} steps, run hash {cov.log.run_hash[:16]}...)")
     for col in ("steps", "MATCH on", "MISMATCH on", "jobs", "cross-hardware", "chain at end / first difference"):
         t.add_column(col)
-    rows = [(s["first"], s) for s in cov.segments()] + [(a, (a, b)) for a, b in cov.uncovered_ranges()]
-    for _, s in sorted(rows, key=lambda r: (r[0], isinstance(r[1], tuple))):
-        if isinstance(s, tuple):
-            t.add_row(f"{s[0]}..{s[1] - 1}", "", "", "0", "", "[dim]uncovered[/]", style="dim")
+    for s in cov.rows():
+        steps = f"{s['first']}..{s['end'] - 1}"
+        if not s["covered"]:
+            t.add_row(steps, "", "", "0", "", "[dim]uncovered[/]", style="dim")
             continue
         bad = s["first_bad"]
         note = (f"[red]step {bad['mismatch_step']} {bad['mismatch_stage']}: {bad['mismatch_detail']}[/]" if bad
-                else f"{s['chain'][:16]}..." + (f" [yellow](refused on {', '.join(s['refused'])})[/]"
-                                                  if s["refused"] else ""))
-        t.add_row(f"{s['first']}..{s['end'] - 1}", f"[green]{', '.join(s['match'])}[/]",
-                  f"[red]{', '.join(s['mismatch'])}[/]", str(s["jobs"]),
+                else f"{s['chain'][:16]}...")
+        t.add_row(steps, f"[green]{', '.join(s['match'])}[/]", f"[red]{', '.join(s['mismatch'])}[/]", str(s["jobs"]),
                   "[bold green]yes[/]" if s["cross_hardware"] else "", note)
     console.print(t)
+    refused = cov.refused()
+    if refused:
+        r = Table(title=f"refused: {len(refused)} segment(s), nothing certified (fix the input, audit them again)")
+        for col in ("steps", "kind", "job", "reason"):
+            r.add_column(col)
+        for c in refused:
+            r.add_row(f"{c['first_step']}..{c['end_step'] - 1}", _label(c), c["job_id"], c["mismatch_detail"] or "",
+                      style="yellow")
+        console.print(r)
     if any(c["kind_source"] != "detected" for c in cov.certs):
         console.print("[dim]* kind overridden by the audit job (a simulated hardware kind, for tests)[/]")
     style = "red" if cov.verdict.startswith("FAILED") else "green" if cov.verdict.startswith("VERIFIED") else "yellow"
@@ -161,15 +210,20 @@ def draw_coverage(cov: Coverage, path: str | Path | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(kinds)))
     for y, kind in enumerate(kinds):
         row = cov.status.get(kind, np.zeros(cov.n_steps, dtype=np.int8))
-        for a, b, v in _runs(row):
-            ax.broken_barh([(a, b - a)], (y - 0.4, 0.8), color=colors[v])
-        starts = sorted({c["first_step"] for c in cov.certs if c["kind"] == kind} - {0})
-        if len(starts) <= 200:  # segment boundaries, while they stay readable
+        for a, b, v in sorted(_runs(row), key=lambda r: r[2] == MISMATCH):  # mismatches last, on top
+            # a mismatch is one step: drawn at least 1/400 of the axis wide, so it shows on a run of any length
+            width = max(b - a, cov.n_steps / 400) if v == MISMATCH else b - a
+            ax.broken_barh([(a, width)], (y - 0.4, 0.8), color=colors[v])
+        starts = sorted({c["first_step"] for c in cov.certs if c["kind"] == kind and c["verdict"] != "REFUSED"} - {0})
+        gaps = np.diff([0, *starts])
+        if len(starts) <= 200 and (not starts or gaps.min() >= cov.n_steps / 200):  # boundaries, while readable
             ax.vlines(starts, y - 0.4, y + 0.4, color="white", linewidth=0.8)
-    ax.set_yticks(range(len(kinds)), [k + ("*" if _overridden(cov, k) else "") for k in kinds])
+    ax.set_yticks(range(len(kinds)), [cov.kind_label(k) for k in kinds])
     ax.set_xlim(0, max(cov.n_steps, 1))
     ax.set_xlabel("step")
-    ax.set_title(cov.verdict, fontsize=10)
+    n_refused = len(cov.refused())
+    ax.set_title(cov.verdict + (f" ({n_refused} refused segment(s): not shown, see the table)" if n_refused else ""),
+                 fontsize=10)
     ax.legend(handles=[Patch(color=colors[MATCH], label="MATCH"), Patch(color=colors[MISMATCH], label="MISMATCH"),
                        Patch(color=colors[UNCOVERED], label="uncovered")], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=8)

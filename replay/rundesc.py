@@ -5,15 +5,15 @@ Order of checks (before any step is replayed):
 1. run.json parses; `collectives` is "exact" or "ordered" and `auditable` is not false (else refused:
    a run reduced by non-deterministic collectives has no replayable bits). Every hash-log record too.
 2. The copies in RUN/data/ match the digests run.json lists (else refused, naming the file).
-3. The corpus the auditor reads (`find_corpus`): `--corpus DIR` if given, else the config's `train.corpus`
-   where that path holds a manifest (a relative path resolves against the working directory), else where
-   run.json says the run read it (an absolute path: an audit job whose working copy has no data/ finds the
-   corpus the run was trained from). A run's identity does not depend on that path: the state hash carries
-   the corpus by its manifest digest. Its manifest must be the run's
-   (same manifest digest) and its tokenizer the run's (same blake3); a difference is refused naming the
-   file. Pointed at a copy on purpose (`--corpus DIR`, e.g. a re-hosted corpus), the differences are
-   reported as notes and the replay goes on: the tokens are then checked by the step digests, and the
-   stream state is hashed under the run's corpus identity, so every step the copy feeds unchanged can match.
+3. The corpus the auditor reads (`locate_corpus`): `--corpus DIR` if given, else the config's `train.corpus`
+   (a relative path resolves against the working directory), else where run.json says the run read it (an
+   absolute path: an audit job whose working copy has no data/ finds the corpus the run was trained from); the
+   first whose manifest has the run's digest. A run's identity does not depend on that path: the state hash
+   carries the corpus by its manifest digest. The tokenizer must be the run's too (same blake3); a difference
+   is refused naming the file. Pointed at a copy on purpose (`--corpus DIR`, e.g. a re-hosted corpus), the
+   differences are reported as notes and the replay goes on: the tokens are then checked by the step digests,
+   and the stream state is hashed under the run's corpus identity, so every step the copy feeds unchanged can
+   match.
 The stream itself then verifies every shard of the corpus against that corpus's manifest (stream/).
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from training.errors import AppError
 from replay.errors import AuditRefused
+from stream.errors import StreamError
 from stream.fileio import blake3_file, member
 from stream.manifest import MANIFEST_NAME, load_manifest
 from training.rundir import HASHLOG, RUN_JSON
@@ -60,18 +60,14 @@ def check_copies(run: Path, desc: dict) -> None:
 
 
 def find_corpus(run: Path, desc: dict | None, config_corpus: str, given: str | Path | None) -> Path:
-    """The corpus directory to read (module doc, step 3); AuditRefused names every place looked at."""
-    if given is not None:
+    """The corpus directory to read (module doc, step 3): `locate_corpus`'s, else AuditRefused naming every place
+    looked at and why it would not do."""
+    if given is not None:  # a copy on purpose: check_corpus reports how it differs, the step digests check it
         return Path(given)
-    recorded = (desc or {}).get("corpus", {}).get("path")
-    tried = [(Path(config_corpus), "the config's train.corpus")]
-    if recorded:
-        tried.append((Path(recorded), f"where {run / RUN_JSON} says the run read it"))
-    for path, _ in tried:
-        if (path / MANIFEST_NAME).is_file():
-            return path
-    looked = "; ".join(f"{path.resolve() if not path.is_absolute() else path} ({why})" for path, why in tried)
-    raise AuditRefused(f"corpus: no {MANIFEST_NAME} at {looked}; pass --corpus DIR")
+    path, why = locate_corpus(run, config_corpus, desc)
+    if path is None:
+        raise AuditRefused(f"corpus: {why}; to audit a copy anyway, pass --corpus DIR")
+    return path
 
 
 def check_corpus(run: Path, desc: dict | None, corpus: Path, explicit: bool) -> tuple[str | None, list[str]]:
@@ -82,10 +78,8 @@ def check_corpus(run: Path, desc: dict | None, corpus: Path, explicit: bool) -> 
     want = desc.get("corpus", {})
     try:
         m = load_manifest(corpus)
-    except AppError:
-        raise
-    except Exception as e:  # stream errors name the file
-        raise AuditRefused(f"{corpus / MANIFEST_NAME}: {e}") from None
+    except (StreamError, OSError) as e:  # each names the file
+        raise AuditRefused(f"corpus {corpus}: {e}") from None
     notes = []
     if m.digest != want.get("manifest_blake3"):
         msg = (f"{corpus / MANIFEST_NAME}: corpus manifest digest {m.digest}, the run's ({run / 'data' / MANIFEST_NAME}) "
@@ -113,3 +107,25 @@ def _manifest_diff(theirs: Path, ours: Path) -> str:
     sa, sb = shards(a), shards(b)
     diff = [f"{src}/{path}" for (src, path) in sorted(set(sa) | set(sb)) if sa.get((src, path)) != sb.get((src, path))]
     return f" (shards differing: {', '.join(diff[:5])}{' ...' if len(diff) > 5 else ''})" if diff else ""
+
+
+def locate_corpus(run: Path, config_corpus: str, desc: dict | None,
+                  given: str | Path | None = None) -> tuple[Path | None, str]:
+    """(the run's corpus directory, "") or (None, why not): `given` if any, else the config's `train.corpus`, else the
+    path run.json recorded; the first whose manifest loads and, where run.json names one, has the run's digest.
+    For readers that can do without the corpus (the audit site's step view), so nothing here raises."""
+    want = (desc or {}).get("corpus", {}).get("manifest_blake3")
+    tried = []
+    paths = [given] if given is not None else [config_corpus, (desc or {}).get("corpus", {}).get("path")]
+    for p in dict.fromkeys(Path(x) for x in paths if x):
+        try:
+            m = load_manifest(p)
+        except (StreamError, OSError) as e:
+            tried.append(str(e))
+            continue
+        if want is not None and m.digest != want:
+            tried.append(f"{p / MANIFEST_NAME}: manifest digest {m.digest}, the run's ({run / RUN_JSON}) is {want}: "
+                         f"not the run's corpus")
+            continue
+        return p, ""
+    return None, "; ".join(tried) or f"{run / RUN_JSON}: names no corpus"

@@ -52,6 +52,9 @@ def inspect_main(step: int, corpus: str = DEFAULT_CORPUS, seq_len: int | None = 
         sched = BatchSchedule(seq_len or base.seq_len, base.phases)
     else:
         raise ConfigError(f"--schedule: expected one of {sorted(BATCH_PRESETS)}, got {schedule!r}")
+    if states and not Path(states).is_dir():
+        raise ConfigError(f"--states {states}: no such directory; give the directory of saved stream states "
+                          f"(state-<step>.json), or leave --states out to count windows from the start")
     s = open_stream(corpus, seq_len=sched.seq_len, seed=seed)
     if states:
         s.seek_step(step, sched, StateStore(states))

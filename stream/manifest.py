@@ -101,8 +101,9 @@ def manifest_from_dict(d: dict, root: Path) -> Manifest:
                 for e in s["shards"]))
             for s in d["sources"])
         m = Manifest(root, t["path"], t["blake3"], t["separator"], int(t["separator_id"]), int(t["vocab_size"]), sources)
-    except (KeyError, TypeError) as e:
-        raise StreamError(f"manifest in {root}: missing or malformed field {e}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise StreamError(f"manifest in {root}: missing or malformed field {e}; rebuild it with `python -m app data "
+                          f"build-demo` or `data prepare`") from None
     names = [("tokenizer path", m.tokenizer_path)]
     names += [(f"source {s.name!r} shard path", e.path) for s in m.sources for e in s.shards]
     for field, rel in names:  # before any file is opened: a listed name stays inside the corpus root
@@ -122,7 +123,15 @@ def load_manifest(root: str | Path) -> Manifest:
     path = root / MANIFEST_NAME
     if not path.is_file():
         raise StreamError(f"{path}: no manifest (build one with `python -m app data build-demo` or `data prepare`)")
-    return manifest_from_dict(json.loads(path.read_bytes()), root)
+    try:
+        d = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StreamError(f"{path}: not valid JSON ({e}); rebuild the manifest with `python -m app data build-demo` "
+                          f"or `data prepare`") from None
+    if not isinstance(d, dict):
+        raise StreamError(f"{path}: expected a JSON object; rebuild the manifest with `python -m app data build-demo` "
+                          f"or `data prepare`")
+    return manifest_from_dict(d, root)
 
 
 def read_shard_bytes(path: Path, expected: str | None = None, expected_size: int | None = None) -> tuple[bytes, str]:

@@ -110,11 +110,14 @@ def load_corpus_config(path: str | Path) -> CorpusConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"corpus config {path}: no such file")
-    raw = path.read_bytes()
-    if path.suffix == ".toml":
-        d = tomllib.loads(raw.decode("utf-8"))
-    elif path.suffix == ".json":
-        d = json.loads(raw)
-    else:
+    if path.suffix not in (".toml", ".json"):
         raise ConfigError(f"corpus config {path}: expected a .json or .toml file")
-    return corpus_from_dict(d, path.parent)
+    raw = path.read_bytes()
+    try:
+        d = tomllib.loads(raw.decode("utf-8")) if path.suffix == ".toml" else json.loads(raw)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"corpus config {path}: not valid {path.suffix[1:].upper()} ({e}); fix the file") from None
+    try:
+        return corpus_from_dict(d, path.parent)
+    except ConfigError as e:  # its messages name the key; this one adds the file
+        raise ConfigError(f"{path}: {e}") from None

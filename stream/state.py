@@ -103,7 +103,11 @@ class StateStore(MemoryStateStore):
         path = self._path(step)
         if not path.is_file():
             raise StateError(f"no saved stream state for step {step} ({path})")
-        return json.loads(path.read_bytes())
+        try:
+            return json.loads(path.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StateError(f"{path}: not valid JSON ({e}); delete it (the stream seeks from an earlier state)") \
+                from None
 
     def nearest(self, step: int) -> tuple[int, dict] | None:
         best = max((s for s in self.steps() if s <= step), default=None)

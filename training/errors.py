@@ -1,9 +1,11 @@
 """The app's exceptions: each message names the file, tensor or field and what was expected."""
 from __future__ import annotations
 
+from stream.errors import StreamError
+
 
 class AppError(Exception):
-    """Base class of every error raised by `app`."""
+    """Base class of every error raised by `app` (training's, replay's and quant's errors derive from it)."""
 
 
 class ConfigError(AppError, ValueError):
@@ -29,3 +31,8 @@ class RunDirError(AppError):
 
 class DivergenceError(AppError):
     """A recomputed step's hash differs from the hash recorded for it (a resume that did not replay)."""
+
+
+# Refused input, every family: AppError and the stream's StreamError (a layer below, which cannot import this one, so
+# it keeps its own base). The CLI reports an exception of either as one line naming the file or field, exit 2.
+INPUT_ERRORS: tuple[type[Exception], ...] = (AppError, StreamError)

@@ -23,7 +23,7 @@ import blake3
 
 from stream.fileio import atomic_directory, atomic_write_bytes, atomic_write_json, blake3_file
 from training.config import RunConfig, from_dict
-from training.errors import CheckpointError, ConfigError, RunDirError
+from training.errors import ConfigError, RunDirError
 from training.state_hash import canonical_json
 
 CONFIG, RUN_JSON, HASHLOG, METRICS = "config.json", "run.json", "hashlog.jsonl", "metrics.jsonl"
@@ -78,17 +78,18 @@ def read_jsonl(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = path.read_bytes().split(b"\n")
     out = []
     for i, line in enumerate(lines):
         if not line:
             continue
         try:
             out.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             if i == len(lines) - 1:  # no newline after it: the write never finished
                 break
-            raise CheckpointError(f"{path}: line {i + 1} is not JSON") from None
+            raise RunDirError(f"{path}: line {i + 1} is not JSON; the log is damaged (use an intact copy of the "
+                              f"run directory)") from None
     return out
 
 

@@ -40,6 +40,12 @@ class TrainOptions:
     backend: str = "ref"  # kernels.backend: "triton" runs the Triton twins on CUDA; the bits are the same
     threads: int = 0  # torch CPU threads (0: torch's default)
 
+    def __post_init__(self) -> None:
+        for flag, value, least in (("--steps", self.steps, 1), ("--checkpoint-every", self.checkpoint_every, 0),
+                                   ("--eval-every", self.eval_every, 0), ("--threads", self.threads, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{flag}: expected an int >= {least}, got {value!r}")
+
 
 def _record(r: StepResult, tokens: int, state_digest: bytes, chain_digest: bytes) -> dict:
     """The hash-log record of a step: only values that are functions of config, corpus and code."""

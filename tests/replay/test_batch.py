@@ -4,6 +4,7 @@ certificates on parquet, two jobs merged, a tampered log, another run's certific
 The second hardware kind is simulated: a job whose auditors ask for the `cpu_arm` resource the fixture
 advertises and record their kind as cpu_arm (`kind_override`, marked "override" in the certificate). Real
 ARM certificates come from an ARM node (see docs/audit.md)."""
+import os
 import shutil
 from pathlib import Path
 
@@ -140,3 +141,27 @@ def test_corrupt_checkpoint_is_a_refused_certificate(ray_cluster, run12, tmp_pat
 def test_refused_arguments_exit_2(ray_cluster, run12):
     assert _cli(["audit", "batch", "--run", str(run12), "--steps", "0:13"]) == 2
     assert _cli(["audit", "batch", "--run", str(run12), "--kind", "gpu_nvidia"]) == 2  # the cluster has none
+
+
+def test_a_healthy_batch_audit_prints_no_error(ray_cluster, run12, tmp_path):
+    """`python -m app audit batch` as a user runs it: MATCH, and no line of its output is an error: no ERROR, no
+    Traceback, no error line of Ray's core worker ("[time E pid tid] file.cc:N: ..."). With Ray Data's default
+    restarts for the auditor pool, that worker logs one at the first auditor (its constructor arguments live in the
+    object store). The job joins this module's cluster, where a driver's core worker logs to a file, unless
+    RAY_LOG_TO_STDERR=1 sends it to stderr, as when the command starts its own Ray instance."""
+    import re
+    import subprocess
+    import sys
+
+    run = Path(shutil.copytree(run12, tmp_path / "run", ignore=shutil.ignore_patterns("audit")))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "RAY_LOG_TO_STDERR": "1"}
+    address = ray_cluster.get_runtime_context().gcs_address
+    p = subprocess.run([sys.executable, "-m", "app", "audit", "batch", "--run", str(run), "--steps", "0:2",
+                        "--address", address, "--kind", "cpu_x86", "--no-progress"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)  # the auditors import from cwd
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "1 MATCH" in out, out[-4000:]
+    bad = [ln for ln in out.splitlines()
+           if "ERROR" in ln or "Traceback" in ln or re.match(r"\[[^\]]* [EF] \d+ \d+\]", ln)]
+    assert not bad, "\n".join(bad)

@@ -48,12 +48,12 @@ def test_resources_refuse_what_the_cluster_lacks():
         auditor_resources("cpu", None, "[1]", cluster)
 
 
-def _fake_run(root: Path, tag: str = "a") -> Path:
-    """A hash log of N steps whose chain hashes are derived from `tag` (another tag: another run)."""
+def _fake_run(root: Path, tag: str = "a", n: int = N) -> Path:
+    """A hash log of n steps whose chain hashes are derived from `tag` (another tag: another run)."""
     run = root / tag
     run.mkdir()
     lines = []
-    for step in range(-1, N):
+    for step in range(-1, n):
         h = blake3.blake3(f"{tag}{step}".encode()).hexdigest()
         lines.append(json.dumps({"chain_hash": h, "state_hash": h, "step": step}, sort_keys=True,
                                 separators=(",", ":")))
@@ -122,6 +122,25 @@ def test_mismatch_fails_the_run_and_certifies_the_steps_before_it(tmp_path):
     assert red and grey, "the map shows the mismatch in red and the uncovered steps in grey"
 
 
+def _pixels(png: Path, rgb: tuple[int, int, int]) -> int:
+    import matplotlib.image
+
+    img = (np.asarray(matplotlib.image.imread(png))[..., :3] * 255).round()
+    return int((np.abs(img - rgb).max(axis=-1) < 3).sum())
+
+
+def test_map_of_a_long_run_shows_short_segments_and_a_one_step_mismatch(tmp_path):
+    """200 segments of 10 steps in a 20,000-step run stay green (their boundaries are not drawn where they would
+    cover them), and a mismatch of one step is drawn wide enough to see."""
+    run = _fake_run(tmp_path, n=20_000)
+    log = RunLog(run)
+    write_certificates(run, "j1", [_cert(log, a, a + 10) for a in range(0, 2000, 10)]
+                       + [_cert(log, 10_000, 10_100, "MISMATCH", bad_step=10_050)])
+    png = draw_coverage(coverage_of(run))
+    assert _pixels(png, (44, 160, 44)) > 500, "the 2,000 certified steps show green"
+    assert _pixels(png, (214, 39, 40)) > 20, "the one mismatched step shows red"
+
+
 def test_other_runs_and_stale_certificates_are_ignored_with_a_warning(tmp_path):
     run, other = _fake_run(tmp_path, "a"), _fake_run(tmp_path, "b")
     write_certificates(run, "mine", [_cert(RunLog(run), 0, 12)])
@@ -136,3 +155,67 @@ def test_other_runs_and_stale_certificates_are_ignored_with_a_warning(tmp_path):
     cov = coverage_of(run)
     assert cov.verdict == "INCOMPLETE: 0/12 steps certified"
     assert any("mine.parquet" in w and "edited" in w for w in cov.warnings)
+
+
+def _printed(cov) -> str:
+    from rich.console import Console
+
+    from replay.coverage import print_coverage
+
+    console = Console(record=True, width=250, color_system=None)
+    print_coverage(cov, console)
+    return console.export_text()
+
+
+def _assert_partition(cov) -> None:
+    """The table's rows cover 0..N-1 in order, each step once; its uncovered rows are the map's grey ranges."""
+    rows = cov.rows()
+    assert rows[0]["first"] == 0 and rows[-1]["end"] == cov.n_steps
+    assert all(a["end"] == b["first"] and a["first"] < a["end"] for a, b in zip(rows, rows[1:] + [None]) if b)
+    assert [(r["first"], r["end"]) for r in rows if not r["covered"]] == cov.uncovered_ranges()
+
+
+def test_table_rows_partition_the_steps_and_refusals_are_listed_apart(tmp_path):
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    why = "CheckpointError: step-000000000004/params.safetensors: blake3 mismatch"
+    write_certificates(run, "j1", [_cert(log, 0, 4), _cert(log, 8, 12)])
+    # a job that was refused: one segment of the default cut, one whole-run segment over steps others certified
+    write_certificates(run, "j2", [{**_cert(log, 4, 8, "REFUSED", job="j2"), "mismatch_detail": why},
+                                   {**_cert(log, 0, 12, "REFUSED", job="j2"), "mismatch_detail": why}])
+    write_certificates(run, "j3", [_cert(log, 2, 6, kind="cpu_arm", job="j3", source="override")])  # another cut
+    write_certificates(run, "j4", [{**_cert(log, 0, 12, "REFUSED", kind="gpu_nvidia", job="j4"),
+                                    "mismatch_detail": why}])
+    cov = coverage_of(run)
+    assert cov.verdict == "INCOMPLETE: 10/12 steps certified"
+    _assert_partition(cov)
+    assert [(r["first"], r["end"], r["match"], r["jobs"], r["cross_hardware"]) for r in cov.rows()] == [
+        (0, 2, ["cpu_x86"], 1, False), (2, 4, ["cpu_arm*", "cpu_x86"], 2, True), (4, 6, ["cpu_arm*"], 1, False),
+        (6, 8, [], 0, False), (8, 12, ["cpu_x86"], 1, False)]
+    assert [(c["first_step"], c["end_step"], c["kind"]) for c in cov.refused()] == [
+        (0, 12, "cpu_x86"), (0, 12, "gpu_nvidia"), (4, 8, "cpu_x86")]
+    assert "gpu_nvidia" not in cov.status  # a kind with only refusals has no row on the map
+
+    text = _printed(cov)
+    table, _, refused = text.partition("refused: 3 segment(s)")
+    assert refused, text
+    import re
+    ranges = [(int(a), int(b) + 1) for a, b in re.findall(r"^│ (\d+)\.\.(\d+) ", table, flags=re.M)]
+    assert ranges == [(r["first"], r["end"]) for r in cov.rows()]  # printed as computed: no overlap
+    assert "refused on" not in table and why not in table
+    assert [(int(a), int(b) + 1) for a, b in re.findall(r"^│ (\d+)\.\.(\d+) ", refused, flags=re.M)] == [
+        (0, 12), (0, 12), (4, 8)]
+    assert refused.count("blake3 mismatch") == 3
+
+
+def test_a_mismatch_row_is_its_step_alone(tmp_path):
+    """A MISMATCH certificate certifies its steps before the divergence; the steps after it stay uncovered."""
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    write_certificates(run, "j1", [_cert(log, 0, 4), _cert(log, 4, 8, "MISMATCH", bad_step=5), _cert(log, 8, 12)])
+    cov = coverage_of(run)
+    _assert_partition(cov)
+    assert [(r["first"], r["end"], r["match"], r["mismatch"]) for r in cov.rows()] == [
+        (0, 4, ["cpu_x86"], []), (4, 5, ["cpu_x86"], []), (5, 6, [], ["cpu_x86"]), (6, 8, [], []),
+        (8, 12, ["cpu_x86"], [])]
+    assert cov.rows()[2]["first_bad"]["mismatch_step"] == 5 and not cov.refused()

@@ -44,8 +44,9 @@ def test_a_moved_corpus_is_found_by_run_json_or_given_and_the_run_resumes_from_i
     run = shutil.copytree(two_places["run_a"], tmp_path / "run")
     moved = shutil.move(str(two_places["a"]), tmp_path / "moved")
     try:
-        with pytest.raises(AuditRefused, match=r"corpus: no manifest.json at .*config's train.corpus.*run.json"):
+        with pytest.raises(AuditRefused, match=r"corpus: .*pass --corpus DIR") as refused:
             replay_segment(run, 0, STEPS)
+        assert str(two_places["a"]) in str(refused.value)  # names where it looked
         assert replay_segment(run, 0, STEPS, corpus=moved).verdict == "MATCH"
         _train(moved, run, STEPS + 2, resume=True)  # the config's path is gone; the corpus is the same
         longer = _train(two_places["b"], tmp_path / "longer", STEPS + 2)
