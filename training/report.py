@@ -15,6 +15,15 @@ from training.errors import RunDirError  # noqa: E402
 from training.rundir import HASHLOG, METRICS, read_jsonl  # noqa: E402
 
 
+def _save(fig, out: Path) -> Path:
+    """Lay `fig` out, write it to the PNG `out` atomically and free it."""
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+    return out
+
+
 def _steps(run: Path) -> list[dict]:
     recs = [r for r in read_jsonl(run / HASHLOG) if r["step"] >= 0]
     if not recs:
@@ -44,12 +53,7 @@ def plot_losses(run: str | Path, path: str | Path | None = None) -> Path:
     ax.set_title(f"{run.name}: loss")
     ax.grid(alpha=0.3)
     ax.legend()
-    out = Path(path) if path else run / "loss.png"
-    fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    return out
+    return _save(fig, Path(path) if path else run / "loss.png")
 
 
 def grad_norm_stats(recs: list[dict], steady_after: int = 0) -> dict[str, float]:
@@ -86,12 +90,7 @@ def plot_grad_norms(run: Path, recs: list[dict]) -> Path:
     b.set_xlabel("steps")
     b.set_ylabel("log10 norm")
     fig.suptitle(f"{run.name}: gradient norm")
-    fig.tight_layout()
-    out = run / "grad_norm.png"
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    return out
+    return _save(fig, run / "grad_norm.png")
 
 
 def plot_weight_norms(run: Path, evals: list[dict]) -> Path | None:
@@ -121,12 +120,7 @@ def plot_weight_norms(run: Path, evals: list[dict]) -> Path | None:
     for ax in axes[1]:
         ax.set_xlabel("tokens")
     fig.suptitle(f"{run.name}: weight norms per layer")
-    fig.tight_layout()
-    out = run / "weight_norms.png"
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    return out
+    return _save(fig, run / "weight_norms.png")
 
 
 def plot_step_times(run: Path) -> Path | None:
@@ -147,12 +141,7 @@ def plot_step_times(run: Path) -> Path | None:
     a.set_title(f"{run.name}: step time")
     for ax in (a, b):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = run / "step_time.png"
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    return out
+    return _save(fig, run / "step_time.png")
 
 
 def report(run: str | Path, steady_after: int | None = None) -> dict:
