@@ -21,6 +21,9 @@ from pathlib import Path
 
 from training.config import RunConfig
 from training.presets import TINY
+from training.ray_auth import auth_mode
+
+auth_mode()  # before anything imports ray, which reads RAY_AUTH_MODE once, as it is imported
 
 GROW_AT = 100  # the second slot joins once the checkpoint of this step is written
 

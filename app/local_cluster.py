@@ -7,7 +7,9 @@ controller and, after training, the auditors (every node's CPUs serve them once 
 """
 from __future__ import annotations
 
-from training.ray_auth import token_auth
+from training.ray_auth import auth_mode, token_auth
+
+auth_mode()  # before anything imports ray, which reads RAY_AUTH_MODE once, as it is imported
 
 SLOT = "trainslot"  # the custom resource one training worker needs
 WORKER_RESOURCES = {"CPU": 1, SLOT: 1}

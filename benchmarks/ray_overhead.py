@@ -23,9 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from training.presets import run_config  # noqa: E402
-from training.ray_auth import token_auth  # noqa: E402
+from training.ray_auth import auth_mode, token_auth  # noqa: E402
 from training.rundir import HASHLOG, METRICS, read_jsonl  # noqa: E402
 from training.train import TrainOptions, train  # noqa: E402
+
+auth_mode()  # before anything imports ray, which reads RAY_AUTH_MODE once, as it is imported
 
 
 def _rate(run: Path, warmup: int, tokens_per_step: int) -> dict:

@@ -18,7 +18,9 @@ import torch
 from quant.errors import QuantError
 from quant.experts import ExpertState
 from quant.pv import PVConfig
-from training.ray_auth import token_auth
+from training.ray_auth import auth_mode, token_auth
+
+auth_mode()  # before anything imports ray, which reads RAY_AUTH_MODE once, as it is imported
 
 
 class GangError(QuantError):

@@ -26,8 +26,10 @@ import pyarrow as pa
 
 from training.rundir import list_checkpoints
 from training.errors import AppError, ConfigError
-from training.ray_auth import token_auth
+from training.ray_auth import auth_mode, token_auth
 from replay.certificates import SCHEMA, RunLog, write_certificates
+
+auth_mode()  # before anything imports ray, which reads RAY_AUTH_MODE once, as it is imported
 
 DEFAULT_SEGMENT = 100  # the report's checkpoint interval; used when a run has no checkpoint spacing to follow
 

@@ -4,7 +4,9 @@ submit a job and run code on the nodes.
 
 Ray reads the token from `RAY_AUTH_TOKEN`, else the file `RAY_AUTH_TOKEN_PATH`, else `~/.ray/auth_token`. A local
 `ray.init()` generates the default file itself when none exists; `ray start` and `ray.cluster_utils.Cluster` do not,
-so `token_auth()` creates it as `ray get-auth-token --generate` does before anything starts Ray. A cluster's nodes
+so `token_auth()` creates it as `ray get-auth-token --generate` does before anything starts Ray. Ray reads
+RAY_AUTH_MODE once, when it is imported: the modules that use Ray call `auth_mode()` as they are imported, so
+the mode is set before anything imports ray (a driver whose Ray saw no mode would be refused). A cluster's nodes
 get the launching machine's file from the cluster files (docs/cluster.md). An explicit `RAY_AUTH_MODE` in the
 environment is the operator's choice and is left as it is.
 """
@@ -25,10 +27,16 @@ def default_token_file() -> Path:
     return Path.home() / ".ray" / "auth_token"
 
 
+def auth_mode() -> str:
+    """Token authentication on for this process and the Ray processes it starts, unless RAY_AUTH_MODE is set;
+    returns the mode in force. Ray reads the variable once, when it is first imported: the modules that use Ray
+    call this as they are imported, before anything imports ray."""
+    return os.environ.setdefault(MODE, "token")
+
+
 def token_auth() -> str:
-    """Turn token authentication on for this process and the Ray processes it starts (unless RAY_AUTH_MODE is set)
-    and make sure a token exists; returns the mode in force."""
-    mode = os.environ.setdefault(MODE, "token")
+    """`auth_mode()`, and a token where the mode is "token" and none exists (before Ray starts or is joined)."""
+    mode = auth_mode()
     if mode == "token" and not os.environ.get(TOKEN) and not os.environ.get(TOKEN_PATH):
         path = default_token_file()
         if not path.is_file():

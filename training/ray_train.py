@@ -50,9 +50,11 @@ import torch
 
 from training.config import RunConfig, Topology, from_dict
 from training.errors import ConfigError
-from training.ray_auth import token_auth
+from training.ray_auth import auth_mode, token_auth
 from training.rundir import read_jsonl
 from training.train import METRICS, TrainOptions, Trainer
+
+auth_mode()  # before anything imports ray, which reads RAY_AUTH_MODE once, as it is imported
 
 
 class TorchGroup:
