@@ -30,7 +30,9 @@ class LocalCluster:
         token_auth()  # before the head starts: its processes and every node's inherit the mode and the token
         if ray.is_initialized():
             raise RuntimeError("LocalCluster: this process is already connected to Ray; it starts its own cluster")
-        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": self.head_cpus})
+        # no dashboard: nothing here needs it, and a second local cluster would find its port taken
+        self.cluster = Cluster(initialize_head=True,
+                               head_node_args={"num_cpus": self.head_cpus, "include_dashboard": False})
         for _ in range(self.initial_slots):
             self.add_slot()
         ray.init(address=self.cluster.address, log_to_driver=False)

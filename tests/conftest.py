@@ -114,3 +114,14 @@ def submit_job():
                 time.sleep(1)
 
     return submit
+
+
+@pytest.fixture
+def ray_temp_dir():
+    """A Ray temporary directory of the test's own (short: Ray's socket paths must fit 107 bytes). Ray's job agent
+    finds its session through the temporary directory's `session_latest`, so a head started beside another test's
+    cluster in the shared default would hand its jobs to the other's session."""
+    d = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -21,11 +23,15 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def head():
-    """(dashboard URL, GCS address) of a local head started with authentication on."""
+    """(dashboard URL, GCS address) of a local head started with authentication on, in a Ray temporary directory
+    of its own (see tests/conftest.py's ray_temp_dir)."""
     assert token_auth() == "token"
-    ctx = ray.init(address="local", num_cpus=1, include_dashboard=True, dashboard_port=0, log_to_driver=False)
+    tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    ctx = ray.init(address="local", num_cpus=1, include_dashboard=True, dashboard_port=0, log_to_driver=False,
+                   _temp_dir=tmp)
     yield f"http://{ctx.dashboard_url}", ctx.address_info["gcs_address"]
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _token() -> str:
@@ -72,3 +78,19 @@ def test_the_gcs_refuses_a_driver_with_another_token(head):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "joined" not in p.stdout
     assert "AuthenticationError" in p.stderr and "InvalidAuthToken" in p.stderr
+
+
+def test_a_fresh_machine_gets_a_token_and_a_working_cluster(tmp_path):
+    """As `make demo` runs on a machine with no token and no RAY_AUTH_MODE: the local cluster of simulated nodes
+    starts with authentication on, its driver joins it (Ray reads the mode when it is imported, so the modules
+    that use Ray set it as they are imported), and the token file is created readable by its owner alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    code = ("import ray\nfrom app.local_cluster import LocalCluster\n"
+            "with LocalCluster(head_cpus=1, slots=0):\n"
+            "    print('sum', ray.get(ray.remote(lambda: 6 * 7).remote()))\n")
+    code = "import app.local_cluster\n" + code  # what app.demo does: ours first, then ray
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0 and "sum 42" in p.stdout, p.stderr[-3000:]
+    token = tmp_path / ".ray" / "auth_token"
+    assert token.is_file() and len(token.read_text()) == 64 and token.stat().st_mode & 0o777 == 0o600

@@ -5,6 +5,7 @@ replays every step (in its recorded topology, 1x1 or 2x1) from the run's verifie
 state and chain hashes, so the resize is checked where it matters: the steps after it."""
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ def _jsonl(p: Path) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
 
 
-def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny1, tmp_path):
+def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny1, tmp_path, capfd):
     pytest.importorskip("ray")
     from rich.console import Console
 
@@ -56,3 +57,8 @@ def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny1, tmp_path):
     assert sorted((r["first_step"], r["end_step"]) for r in rows)[0][0] == 0
     assert sum(r["end_step"] - r["first_step"] for r in rows) == STEPS  # every step certified exactly once
     assert (run / "audit" / "coverage.png").stat().st_size > 0
+    # what `make demo` shows besides its own output (this process's and its Ray processes' file descriptors): no
+    # error line, no traceback, no core-worker error line ("[time E pid tid] file.cc:N: ...")
+    shown = "".join(capfd.readouterr()).splitlines()
+    bad = [ln for ln in shown if "ERROR" in ln or "Traceback" in ln or re.match(r"\[[^\]]* [EF] \d+ \d+\]", ln)]
+    assert not bad, "\n".join(bad[:20])

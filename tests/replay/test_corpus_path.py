@@ -69,7 +69,7 @@ def _job_status(client, job_id: str, timeout: float) -> str:
 
 @pytest.mark.slow
 def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_path, monkeypatch, one_thread,
-                                                             submit_job):
+                                                             submit_job, ray_temp_dir):
     import ray
     from ray.job_submission import JobSubmissionClient
 
@@ -80,13 +80,20 @@ def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_pat
     monkeypatch.chdir(tmp_path)
     env = yaml.safe_load((ROOT / "runtime_env.yaml").read_text())  # what a job ships: the checkout without data/
     env["working_dir"] = str(ROOT)
-    ctx = ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=0, log_to_driver=False)
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=0, log_to_driver=False,
+                   _temp_dir=ray_temp_dir)
     try:
         client = JobSubmissionClient(f"http://{ctx.dashboard_url}")
-        job = submit_job(client, entrypoint=f"{sys.executable} -m app audit batch --run {run} --segment 2 "
-                                            f"--no-progress", runtime_env=env)
-        status = _job_status(client, job, timeout=300)
-        logs = client.get_job_logs(job)
+        for _ in range(2):
+            job = submit_job(client, entrypoint=f"{sys.executable} -m app audit batch --run {run} --segment 2 "
+                                                f"--no-progress", runtime_env=env)
+            status = _job_status(client, job, timeout=300)
+            logs = client.get_job_logs(job)
+            # on a loaded machine Ray now and then fails to hand the job's uploaded working_dir to the job's
+            # actors ("Failed to download runtime_env file package ... from the GCS"): a Ray fault, not the
+            # audit's; the job is submitted once more
+            if "Failed to download runtime_env file package" not in logs:
+                break
     finally:
         ray.shutdown()
     assert status == "SUCCEEDED", logs[-3000:]

@@ -49,7 +49,7 @@ def test_two_node_losses_resume_with_fewer_workers_and_the_audit_matches(tiny1, 
     ref = tmp_path / "ref"
     train(cfg, ref, TrainOptions(**opts))
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     nodes = [cluster.add_node(num_cpus=1, resources={"trainslot": 1}) for _ in range(NODES)]
     ray.init(address=cluster.address, log_to_driver=False)
     run = tmp_path / "elastic"
