@@ -104,7 +104,7 @@ def submit_job():
     import time
 
     def submit(client, **kwargs) -> str:
-        deadline = time.time() + 120
+        deadline = time.time() + 300
         while True:
             try:
                 return client.submit_job(**kwargs)
