@@ -17,7 +17,7 @@ _token_dir: str | None = None
 
 
 def pytest_configure(config):
-    """Every Ray the tests start requires a token (training.ray_auth), this test session's own: the suite neither
+    """Every Ray the tests start requires a token (training.ray_auth), one made for this test run: the suite neither
     reads nor writes the user's ~/.ray/auth_token. xdist's workers inherit the variables from the controller."""
     global _token_dir
     if not os.environ.get(TOKEN) and not os.environ.get(TOKEN_PATH):
@@ -119,8 +119,8 @@ def submit_job():
 @pytest.fixture
 def ray_temp_dir():
     """A Ray temporary directory of the test's own (short: Ray's socket paths must fit 107 bytes). Ray's job agent
-    finds its session through the temporary directory's `session_latest`, so a head started beside another test's
-    cluster in the shared default would hand its jobs to the other's session."""
+    finds its working files through the temporary directory's `session_latest` link, so a head started beside another
+    test's cluster in the shared default would hand its jobs to the other cluster's files."""
     d = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     yield d
     shutil.rmtree(d, ignore_errors=True)

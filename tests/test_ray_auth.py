@@ -1,5 +1,5 @@
 """Ray with token authentication on (training/ray_auth.py), on loopback: the local head the tests start requires
-this test session's token (tests/conftest.py). A job submitted with it runs; the job API refuses a request
+the token made for this test run (tests/conftest.py). A job submitted with it runs; the job API refuses a request
 without it or with another token, and so does the head's GCS a driver that brings another token."""
 from __future__ import annotations
 
