@@ -1,4 +1,5 @@
 """Sampled audits without Ray: the seeded draw, the fraction's validation, and the exact miss probability."""
+import argparse
 import itertools
 import math
 from collections import Counter
@@ -7,6 +8,7 @@ from fractions import Fraction
 import blake3
 import pytest
 
+from app.argtypes import fraction
 from replay.sampling import (Sample, draw, fewest_tampered, miss_probability, percent, reproduces, sample_size,
                              statement)
 from training.errors import ConfigError
@@ -43,6 +45,26 @@ def test_fraction_is_validated():
     for bad in (0, -0.1, 1.5, math.nan):
         with pytest.raises(ConfigError, match="--sample"):
             sample_size(bad, 10)
+    assert fraction("1") == 1.0 and fraction("0.25") == 0.25
+    for bad in ("0", "-0.5", "1.01", "nan", "half"):
+        with pytest.raises(argparse.ArgumentTypeError, match="0 < x <= 1"):
+            fraction(bad)
+
+
+@pytest.mark.parametrize("argv, names", [(["--sample", "0", "--seed", "1"], ["--sample", "0 < x <= 1"]),
+                                         (["--sample", "2", "--seed", "1"], ["--sample"]),
+                                         (["--sample", "0.5", "--seed", "-1"], ["--seed", ">= 0"]),
+                                         (["--sample", "0.5"], ["--sample", "--seed"]),
+                                         (["--seed", "4"], ["--sample", "--seed"])])
+def test_bad_sample_arguments_are_one_line_and_exit_2(argv, names, capsys, tmp_path):
+    from app.cli import main
+
+    try:
+        code = main(["audit", "batch", "--run", str(tmp_path), *argv])
+    except SystemExit as e:  # argparse's refusal
+        code = e.code
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "error" in last and all(n in last for n in names), last
 
 
 def test_miss_probability_by_hand():
