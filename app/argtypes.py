@@ -29,5 +29,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """An argparse `type`: a float in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction 0 < x <= 1, got {text!r}") from None
+    if not 0 < value <= 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a fraction 0 < x <= 1, got {text}")
+    return value
+
+
 COUNT = at_least(0)  # 0 has a meaning (none, or the default) wherever this is used
 POSITIVE = at_least(1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.argtypes import COUNT, POSITIVE
+from app.argtypes import COUNT, POSITIVE, fraction
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -40,7 +40,7 @@ def _batch(args: argparse.Namespace) -> int:
     from replay.batch import BatchOptions, batch_main
     return batch_main(args.run, BatchOptions(args.steps, args.segment, args.address, args.device, args.resources,
                                              args.kind, args.kind_override, args.num_cpus, not args.no_progress,
-                                             args.corpus))
+                                             args.corpus, sample=args.sample, seed=args.seed))
 
 
 def _coverage(args: argparse.Namespace) -> int:
@@ -57,6 +57,11 @@ def add_batch_commands(asub: argparse._SubParsersAction) -> None:
     b.add_argument("--steps", default=":", help="A:B audits steps A..B-1 (default: every logged step)")
     b.add_argument("--segment", type=POSITIVE, default=None,
                    help="steps per segment (default: the run's checkpoint spacing); segments end on checkpoints")
+    b.add_argument("--sample", type=fraction, default=None, metavar="FRACTION",
+                   help="audit only this fraction of the segments (0 < FRACTION <= 1; ceil(FRACTION * N) of them), "
+                        "drawn by --seed; `audit coverage` then says what the sample proves")
+    b.add_argument("--seed", type=COUNT, default=None, metavar="S",
+                   help="with --sample: the draw's seed (the same run, fraction and seed draw the same segments)")
     b.add_argument("--address", default=None, help="Ray cluster address ('auto': a running `ray start --head`); "
                                                   "default: start a local Ray instance")
     b.add_argument("--device", default="cpu", help="cpu or cuda (cuda: one GPU per auditor)")

@@ -5,6 +5,8 @@ start on a checkpoint (checkpoints every 4, K 4 or 6: [0,4) [4,8) ...), so its a
 replays only the segment. When checkpoints are further apart than K, each gap is cut into near-equal pieces of
 at most K; a piece not starting on a checkpoint still works: its auditor replays from the latest checkpoint
 before it (or from init), and those warm-up steps cost time but are not certified by it.
+With a sample (`--sample FRACTION --seed S`) only a seeded draw of those segments is replayed (replay/sampling.py),
+and the job's certificate file records the sample.
 The run directory must be readable at the same path by every auditor (one machine, or a shared filesystem);
 certificates are written by the driver only, to RUN/audit/certificates/<job-id>.parquet.
 """
@@ -28,6 +30,7 @@ from training.rundir import list_checkpoints
 from training.errors import AppError, ConfigError
 from training.ray_auth import auth_mode, token_auth
 from replay.certificates import SCHEMA, RunLog, write_certificates
+from replay.sampling import Sample, check_fraction, check_seed, draw
 
 auth_mode()  # before anything imports ray, which reads RAY_AUTH_MODE once, as it is imported
 
@@ -240,7 +243,8 @@ class BatchOutcome:
     job_id: str
     path: Path
     rows: list[dict]
-    segments: list[tuple[int, int]]
+    segments: list[tuple[int, int]]  # the segments audited (with a sample: the drawn ones)
+    sample: Sample | None = None
 
 
 def new_job_id() -> str:
@@ -261,6 +265,16 @@ class BatchOptions:
     num_cpus: int | None = None  # CPUs of a local Ray instance (None: all)
     progress: bool = True
     corpus: str | None = None  # read this copy of the corpus (None: replay.rundesc.find_corpus)
+    sample: float | None = None  # audit only this fraction of the segments, drawn by `seed` (None: all of them)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.sample is None) != (self.seed is None):
+            raise ConfigError("--sample FRACTION and --seed S go together: the seed makes the draw reproducible "
+                              "(give both, or neither to audit every segment)")
+        if self.sample is not None:
+            check_fraction(self.sample)
+            check_seed(self.seed)
 
 
 def run_batch(run: str | Path, opts: BatchOptions = BatchOptions(), console=None) -> BatchOutcome:
@@ -275,6 +289,8 @@ def run_batch(run: str | Path, opts: BatchOptions = BatchOptions(), console=None
     checkpoints = list_checkpoints(run)
     k = opts.segment if opts.segment is not None else default_segment(checkpoints)
     segs = plan_segments(first, end, k, checkpoints)
+    sample = draw(segs, opts.sample, opts.seed, log.run_hash) if opts.sample is not None else None
+    segs = list(sample.drawn) if sample else segs
     unaligned = [(a, b) for a, b in segs if a not in checkpoints and a != 0]
     if unaligned:
         warm = sum(a - start_checkpoint(a, checkpoints) for a, _ in unaligned)
@@ -290,8 +306,8 @@ def run_batch(run: str | Path, opts: BatchOptions = BatchOptions(), console=None
     finally:
         if started:
             ray.shutdown()
-    path = write_certificates(run, job_id, rows)
-    return BatchOutcome(job_id, path, rows, segs)
+    path = write_certificates(run, job_id, rows, sample)
+    return BatchOutcome(job_id, path, rows, segs, sample)
 
 
 def _execute(run: Path, segs: list[tuple[int, int]], job_id: str, opts: BatchOptions, req: dict, pool: int,
@@ -342,7 +358,8 @@ def batch_main(run: str, opts: BatchOptions) -> int:
     console = Console(soft_wrap=True)
     out = run_batch(run, opts, console)
     verdicts = Counter(r["verdict"] for r in out.rows)
-    console.print(f"job {out.job_id}: {len(out.rows)} segment(s), " +
+    drawn = f" drawn from {len(out.sample.population)} (seed {out.sample.seed})" if out.sample else ""
+    console.print(f"job {out.job_id}: {len(out.rows)} segment(s){drawn}, " +
                   ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + f"; certificates {out.path}")
     cov = coverage_of(run)  # its table lists this job's refused segments (and any earlier job's) apart
     print_coverage(cov, console)

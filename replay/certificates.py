@@ -5,6 +5,8 @@ A certificate says: on this machine (kind, device, backend, torch, CPU ISA, host
 hash-log lines of steps first_step-1 .. end_step-1 as stored: the exact bytes the certificate vouches for, so a
 log edited after the audit makes the certificate stale (ignored, with a warning) instead of silently reused.
 Files live in RUN/audit/certificates/<job-id>.parquet, written to a temporary name and renamed (atomic).
+A sampled job's file also records its sample (replay/sampling.py) in the parquet metadata under SAMPLE_KEY: the
+population of segments, the fraction, the seed and the drawn segments. A file without it is a full or explicit audit.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pyarrow.parquet as pq
 from stream.fileio import atomic_path
 from training.errors import AppError
 from training.rundir import read_jsonl
+from replay.sampling import Sample, reproduces
 
 CERT_DIR = Path("audit") / "certificates"
 HASHLOG = "hashlog.jsonl"
@@ -47,6 +50,7 @@ SCHEMA = pa.schema([
     ("time", pa.string()),  # UTC, ISO 8601, when the segment finished
 ])
 VERDICTS = ("MATCH", "MISMATCH", "REFUSED")
+SAMPLE_KEY = b"audit_sample"  # parquet metadata: the job's Sample as JSON (absent: not sampled)
 
 
 class CertificateError(AppError):
@@ -87,12 +91,13 @@ def cert_path(run: str | Path, job_id: str) -> Path:
     return Path(run) / CERT_DIR / f"{job_id}.parquet"
 
 
-def write_certificates(run: str | Path, job_id: str, rows: list[dict]) -> Path:
-    """Write a job's certificates atomically; refuses to overwrite a job's file."""
+def write_certificates(run: str | Path, job_id: str, rows: list[dict], sample: Sample | None = None) -> Path:
+    """Write a job's certificates (and the sample it drew them by) atomically; refuses to overwrite a job's file."""
     path = cert_path(run, job_id)
     if path.exists():
         raise CertificateError(f"{path}: exists; a job id is used once")
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    schema = SCHEMA.with_metadata({SAMPLE_KEY: sample.to_json()}) if sample is not None else SCHEMA
+    table = pa.Table.from_pylist(rows, schema=schema)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
     return path
@@ -113,6 +118,18 @@ def read_certificates(path: str | Path) -> list[dict]:
     if bad:
         raise CertificateError(f"{path}: unknown verdict(s) {bad}; expected one of {list(VERDICTS)}")
     return rows
+
+
+def read_sample(path: str | Path) -> Sample | None:
+    """The sample a job's file records; None for a full or explicit audit. CertificateError names a malformed one."""
+    path = Path(path)
+    try:
+        text = (pq.read_schema(path).metadata or {}).get(SAMPLE_KEY)
+        return None if text is None else Sample.from_json(text)
+    except (pa.ArrowException, OSError) as e:
+        raise CertificateError(f"{path}: not a readable parquet file ({e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CertificateError(f"{path}: its recorded sample is malformed ({e})") from None
 
 
 def certificate_files(run: str | Path) -> list[Path]:
@@ -141,6 +158,24 @@ def load_valid(log: RunLog, files: list[Path] | None = None) -> tuple[list[dict]
             warnings.append(f"{path}: {stale} certificate(s) vouch for hash-log lines that differ from "
                             f"{log.run / HASHLOG} now (edited after the audit?); ignored")
     return rows, warnings
+
+
+def load_samples(log: RunLog, certs: list[dict]) -> tuple[dict[str, Sample], list[str]]:
+    """(the sample of each file some of `certs` come from, by file name; warnings naming each sample left out).
+
+    A sample whose drawn segments are not what its population, fraction and seed draw for this run was not drawn by
+    replay.sampling (hand-picked, or another run's): it says nothing about the odds, and is left out."""
+    samples, warnings = {}, []
+    for name in sorted({c["file"] for c in certs}):
+        sample = read_sample(log.run / CERT_DIR / name)
+        if sample is None:
+            continue
+        if reproduces(sample, log.run_hash):
+            samples[name] = sample
+        else:
+            warnings.append(f"{log.run / CERT_DIR / name}: its drawn segments are not the draw of seed {sample.seed} "
+                            f"from its {len(sample.population)} segments; no sample statement")
+    return samples, warnings
 
 
 def _other_hash(path: Path) -> str:

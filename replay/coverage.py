@@ -9,6 +9,9 @@ The table's rows partition steps 0..N-1: a row starts wherever a certificate's s
 ends, so jobs cut into different segments never give overlapping rows; uncovered steps are rows of their own, and
 the map shows the same. A REFUSED certificate (the replay refused its input) certifies nothing: refusals are listed
 apart, below the table, and are neither rows of it nor marks on the map.
+
+A sampled job (replay/sampling.py) adds a statement of what its sample proves: the chance that it missed every
+tampered segment, for 1 tampered segment and the fewest tampered segments it misses with under 5% and 1%.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.certificates import RunLog, load_valid
+from replay.certificates import RunLog, load_samples, load_valid
+from replay.sampling import Sample, statement
 from stream.fileio import atomic_path
 
 UNCOVERED, MATCH, MISMATCH = 0, 1, 2
@@ -29,6 +33,7 @@ class Coverage:
     log: RunLog
     certs: list[dict]
     warnings: list[str] = field(default_factory=list)
+    samples: dict[str, Sample] = field(default_factory=dict)  # certificate file name -> the sample its job drew
     status: dict[str, np.ndarray] = field(default_factory=dict)  # kind -> per-step UNCOVERED/MATCH/MISMATCH
 
     def __post_init__(self) -> None:
@@ -132,6 +137,16 @@ class Coverage:
         return sorted((c for c in self.certs if c["verdict"] == "REFUSED"),
                       key=lambda c: (c["first_step"], c["end_step"], c["kind"], c["job_id"]))
 
+    def sample_statements(self) -> list[str]:
+        """What each sampled job proves, counting the drawn segments its own certificates certified."""
+        out = []
+        for name, sample in sorted(self.samples.items()):
+            drawn = set(sample.drawn)
+            certified = {(c["first_step"], c["end_step"]) for c in self.certs
+                         if c["file"] == name and c["verdict"] != "REFUSED"} & drawn
+            out.append(f"{statement(sample, len(certified))} (job {name.removesuffix('.parquet')})")
+        return out
+
     def uncovered_ranges(self) -> list[tuple[int, int]]:
         """Maximal step ranges [a, b) that no kind certified (MATCH or MISMATCH)."""
         covered = self._any(MATCH) | self._any(MISMATCH)
@@ -149,11 +164,12 @@ def _label(c: dict) -> str:
     return c["kind"] + ("*" if c["kind_source"] != "detected" else "")
 
 
-def coverage_of(run: str | Path) -> Coverage:
-    """Merge every audit job's certificates of `run` that vouch for its current log."""
-    log = RunLog(run)
+def coverage_of(run: str | Path | RunLog) -> Coverage:
+    """Merge every audit job's certificates of `run` that vouch for its current log, with their jobs' samples."""
+    log = run if isinstance(run, RunLog) else RunLog(run)
     certs, warnings = load_valid(log)
-    return Coverage(log, certs, warnings)
+    samples, more = load_samples(log, certs)
+    return Coverage(log, certs, warnings + more, samples)
 
 
 def print_coverage(cov: Coverage, console=None) -> None:
@@ -188,6 +204,8 @@ def print_coverage(cov: Coverage, console=None) -> None:
             r.add_row(f"{c['first_step']}..{c['end_step'] - 1}", _label(c), c["job_id"], c["mismatch_detail"] or "",
                       style="yellow")
         console.print(r)
+    for line in cov.sample_statements():
+        console.print(line, highlight=False)
     if any(c["kind_source"] != "detected" for c in cov.certs):
         console.print("[dim]* kind overridden by the audit job (a simulated hardware kind, for tests)[/]")
     style = "red" if cov.verdict.startswith("FAILED") else "green" if cov.verdict.startswith("VERIFIED") else "yellow"

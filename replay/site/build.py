@@ -112,7 +112,7 @@ def build_site(run: str | Path, out: str | Path, opts: SiteOptions = SiteOptions
         figures = write_plots(tmp / "plots", view)
         train = commands.train_command(view.cfg, view.records, view.checkpoints, [e["step"] for e in view.evals],
                                        str(run))
-        jobs = commands.job_commands(view.coverage.certs, str(run))
+        jobs = commands.job_commands(view.coverage.certs, str(run), view.coverage.samples)
         whole = commands.whole_run_commands(str(run), view.coverage.n_steps)
         (tmp / "index.html").write_text(pages.overview(view, codes, train, jobs, whole), encoding="utf-8")
         (tmp / "plots.html").write_text(pages.plots(view, figures), encoding="utf-8")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from collections import Counter
 
+from replay.sampling import Sample
 from training.config import RunConfig, Topology
 from training.errors import ConfigError
 from training.presets import run_config
@@ -60,16 +61,21 @@ def train_command(cfg: RunConfig, records: list[dict], checkpoints: list[int], e
     return " ".join(parts), note
 
 
-def job_commands(certs: list[dict], run: str) -> list[dict]:
-    """Per audit job: {job, command, segments, kinds} with the `audit batch` line that audits the same segments."""
+def job_commands(certs: list[dict], run: str, samples: dict[str, Sample] | None = None) -> list[dict]:
+    """Per audit job: {job, command, segments, kinds} with the `audit batch` line that audits the same segments
+    (a sampled job's: its population's steps, --sample and --seed; `samples` by certificate file name)."""
     jobs: dict[str, list[dict]] = {}
     for c in certs:
         jobs.setdefault(c["job_id"], []).append(c)
     out = []
     for job, cs in sorted(jobs.items()):
-        a, b = min(c["first_step"] for c in cs), max(c["end_step"] for c in cs)
-        k = max(c["end_step"] - c["first_step"] for c in cs)
+        sample = (samples or {}).get(cs[0].get("file", ""))
+        spans = sample.population if sample else [(c["first_step"], c["end_step"]) for c in cs]
+        a, b = min(x for x, _ in spans), max(y for _, y in spans)
+        k = max(y - x for x, y in spans)
         cmd = [APP, "audit", "batch", "--run", _q(run), "--steps", f"{a}:{b}", "--segment", str(k)]
+        if sample:
+            cmd += ["--sample", str(sample.fraction), "--seed", str(sample.seed)]
         if any(str(c["device"]).startswith("cuda") for c in cs):
             cmd += ["--device", "cuda"]
         out.append({"job": job, "command": " ".join(cmd), "segments": len(cs),

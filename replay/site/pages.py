@@ -92,6 +92,7 @@ def coverage_section(view: RunView) -> str:
               str(sum(1 for c in cov.refused() if c["kind"] == k))] for k, row in cov.status.items()]
     out = ["<h2>Coverage by device kind</h2>"]
     out += [f'<p class="note">warning: {e(w)}</p>' for w in cov.warnings]
+    out += [f'<p class="sample">{e(line)}</p>' for line in cov.sample_statements()]  # as `audit coverage` says it
     out.append(table(["kind", "steps MATCH", "steps MISMATCH", "steps not covered", "refused segments"], kinds)
                if kinds else '<p class="note">no certificate covers any step yet: audit the run with '
                              '<code>python -m app audit batch</code></p>')

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from replay.certificates import RunLog, load_valid
-from replay.coverage import Coverage
+from replay.certificates import RunLog
+from replay.coverage import Coverage, coverage_of
 from replay.errors import AuditRefused
 from training import rundir
 from training.config import RunConfig, Topology
@@ -45,9 +45,8 @@ def read_run(path: str | Path) -> RunView:
     check_records(path, log.records[1:])
     cfg, _ = rundir.read_config(path)
     desc = rundir.read_run_json(path)
-    certs, warnings = load_valid(log)
     evals = [r for r in rundir.read_jsonl(path / rundir.METRICS) if r.get("event") == "eval"]
-    return RunView(path, log, cfg, desc, Coverage(log, certs, warnings), evals, rundir.list_checkpoints(path))
+    return RunView(path, log, cfg, desc, coverage_of(log), evals, rundir.list_checkpoints(path))
 
 
 def check_records(run: Path, records: list[dict]) -> None:

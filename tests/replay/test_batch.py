@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from training.presets import TINY
+from training.rundir import list_checkpoints
 from training.train import TrainOptions, train
-from replay.batch import BatchOptions, run_batch
-from replay.certificates import SCHEMA, RunLog, read_certificates
+from replay.batch import BatchOptions, plan_segments, run_batch
+from replay.certificates import SCHEMA, RunLog, read_certificates, read_sample
 from replay.coverage import coverage_of
+from replay.sampling import draw
 
 pytestmark = pytest.mark.slow
 
@@ -136,6 +138,25 @@ def test_corrupt_checkpoint_is_a_refused_certificate(ray_cluster, run12, tmp_pat
     [cert] = read_certificates(next((bad / "audit" / "certificates").glob("*.parquet")))
     assert cert["verdict"] == "REFUSED" and "params.safetensors" in cert["mismatch_detail"]
     assert coverage_of(bad).verdict == "INCOMPLETE: 0/12 steps certified"
+
+
+def test_a_sampled_audit_replays_only_its_draw(ray_cluster, run12, tmp_path, capsys):
+    """`audit batch --sample 0.5 --seed 5` with 2-step segments: 3 of the 6 drawn, replayed and certified, their file
+    holding the sample; `audit coverage` says what the sample proves."""
+    run = Path(shutil.copytree(run12, tmp_path / "run", ignore=shutil.ignore_patterns("audit")))
+    assert _cli(["audit", "batch", "--run", str(run), "--segment", "2", "--sample", "0.5", "--seed", "5",
+                 "--kind", "cpu_x86", "--no-progress"]) == 0
+    [path] = (run / "audit" / "certificates").glob("*.parquet")
+    expected = draw(plan_segments(0, 12, 2, list_checkpoints(run)), 0.5, 5, RunLog(run).run_hash)
+    assert read_sample(path) == expected and len(expected.drawn) == 3
+    rows = read_certificates(path)
+    assert [(r["first_step"], r["end_step"], r["verdict"]) for r in rows] == [(a, b, "MATCH")
+                                                                              for a, b in expected.drawn]
+    capsys.readouterr()
+    assert _cli(["audit", "coverage", "--run", str(run)]) == 3  # INCOMPLETE: 6 of 12 steps
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sampled 3 of 6 segments (steps 0..11, seed 5): if 1 segment had been tampered, this sample misses it " \
+           "with probability 50.0%" in out, out
 
 
 def test_refused_arguments_exit_2(ray_cluster, run12):

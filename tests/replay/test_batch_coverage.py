@@ -219,3 +219,65 @@ def test_a_mismatch_row_is_its_step_alone(tmp_path):
         (0, 4, ["cpu_x86"], []), (4, 5, ["cpu_x86"], []), (5, 6, [], ["cpu_x86"]), (6, 8, [], []),
         (8, 12, ["cpu_x86"], [])]
     assert cov.rows()[2]["first_bad"]["mismatch_step"] == 5 and not cov.refused()
+
+
+def test_a_sampled_job_records_its_sample_and_coverage_says_what_it_proves(tmp_path):
+    """Two sampled jobs over the 6 two-step segments: each file holds its draw, coverage merges their certificates
+    and states what each sample proves; the site's overview says the same and reproduces each job's command."""
+    from replay.certificates import read_sample
+    from replay.sampling import draw, miss_probability, percent
+    from replay.site import commands, pages
+    from replay.site.view import RunView
+
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    population = plan_segments(0, N, 2, [])
+    jobs = {}
+    for job, seed in (("j1", 3), ("j2", 8)):
+        sample = draw(population, 0.5, seed, log.run_hash)
+        path = write_certificates(run, job, [_cert(log, a, b, job=job) for a, b in sample.drawn], sample)
+        assert read_sample(path) == sample and [(r["first_step"], r["end_step"]) for r in read_certificates(path)] \
+            == list(sample.drawn)
+        jobs[job] = sample
+    assert jobs["j1"].drawn != jobs["j2"].drawn, "two seeds, two draws"
+    write_certificates(run, "full", [_cert(log, 0, 2, job="full")])
+    assert read_sample(cert_path(run, "full")) is None, "a file without a sample: a full or explicit audit"
+
+    cov = coverage_of(run)
+    steps = {s for sample in jobs.values() for a, b in sample.drawn for s in range(a, b)} | {0, 1}
+    assert cov.verdict == f"INCOMPLETE: {len(steps)}/{N} steps certified" and set(cov.samples) == {"j1.parquet",
+                                                                                                   "j2.parquet"}
+    one = percent(miss_probability(6, 3, 1))
+    assert one == "50.0%"  # 3 of 6 undrawn
+    lines = cov.sample_statements()
+    assert [ln.split(":")[0] for ln in lines] == ["sampled 3 of 6 segments (steps 0..11, seed 3)",
+                                                  "sampled 3 of 6 segments (steps 0..11, seed 8)"]
+    assert all(f"misses it with probability {one}" in ln for ln in lines)
+    text = _printed(cov)
+    assert all(ln in text.replace("\n", "") for ln in lines), text
+
+    view = RunView(run, log, None, None, cov, [], [])  # the coverage section reads only the coverage
+    html = pages.coverage_section(view)
+    assert all(f'<p class="sample">{ln}</p>' in html for ln in lines)
+    cmds = {j["job"]: j["command"] for j in commands.job_commands(cov.certs, str(run), cov.samples)}
+    assert cmds["j2"].endswith("--steps 0:12 --segment 2 --sample 0.5 --seed 8") and "--sample" not in cmds["full"]
+
+
+def test_a_hand_picked_or_refused_sample_proves_less(tmp_path):
+    from replay.sampling import Sample, draw
+
+    run = _fake_run(tmp_path)
+    log = RunLog(run)
+    population = tuple(plan_segments(0, N, 2, []))
+    drawn = draw(population, 0.5, 1, log.run_hash)
+    a, b = drawn.drawn[0]
+    write_certificates(run, "j1", [_cert(log, *s) for s in drawn.drawn[1:]] + [_cert(log, a, b, "REFUSED")], drawn)
+    picked = Sample(population, 0.5, 1, population[:3])
+    assert picked.drawn != drawn.drawn
+    write_certificates(run, "j2", [_cert(log, *s, job="j2") for s in picked.drawn], picked)
+    cov = coverage_of(run)
+    assert list(cov.samples) == ["j1.parquet"]
+    assert any("j2.parquet" in w and "not the draw of seed 1" in w for w in cov.warnings)
+    [line] = cov.sample_statements()
+    assert "sampled 3 of 6 segments" in line and "2 certified (1 refused or stale: not counted)" in line
+    assert "misses it with probability 66.7%" in line  # 4 of 6 segments not certified
