@@ -59,8 +59,8 @@ def pv_int8(p: torch.Tensor, v: torch.Tensor, block: int) -> torch.Tensor:
     """P [..., M, T] (probabilities in [0, 1]) @ V [..., T, D] in int8 per block of `block` keys,
     the blocks' dequantized products summed exactly in int64 fixed point."""
     t = v.shape[-2]
-    p_bad = (~torch.isfinite(p)).any(dim=-1, keepdim=True)
-    v_bad = (~torch.isfinite(v)).any(dim=-2, keepdim=True)
+    p_bad = fixed.nonfinite_along(p, -1)
+    v_bad = fixed.nonfinite_along(v, -2)
     p = fixed.finite_or_zero(p)
     v = fixed.finite_or_zero(v)
     # |block sum| <= keys in block * column amax (P <= 1), so T * amax bounds the total: one spare bit

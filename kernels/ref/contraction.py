@@ -39,7 +39,7 @@ def split_rows(a: torch.Tensor, slices: int) -> tuple[list[torch.Tensor], torch.
 
 
 def _bad_rows(a: torch.Tensor) -> torch.Tensor:
-    return (~torch.isfinite(a)).any(dim=-1, keepdim=True)
+    return fixed.nonfinite_along(a, -1)
 
 
 def hp_matmul_(a: torch.Tensor, b: torch.Tensor, slices: int = DEFAULT_SLICES) -> torch.Tensor:

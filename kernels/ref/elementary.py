@@ -41,8 +41,7 @@ def _horner(r: torch.Tensor, coeffs: list[float]) -> torch.Tensor:
     """sum_i coeffs[i] * r^i by Horner with separate * and + (no FMA possible in eager ops)."""
     p = torch.full_like(r, coeffs[-1])
     for c in reversed(coeffs[:-1]):
-        p = p * r
-        p = p + c
+        p.mul_(r).add_(c)  # in place: the same roundings, without a fresh tensor per term
     return p
 
 

@@ -43,10 +43,20 @@ def from_fixed(q: torch.Tensor, s: torch.Tensor, dtype=torch.float32) -> torch.T
 
 
 def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    """x with inf and NaN replaced by +0.0 (a selection, no arithmetic; one pass where isfinite + where take four)."""
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def nonfinite_along(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Whether each slice along `dim` (kept) holds an inf or NaN: amax propagates NaN, and |-inf| is inf."""
+    if x.shape[dim] == 0:  # amax has nothing to take
+        shape = list(x.shape)
+        shape[dim] = 1
+        return torch.zeros(shape, dtype=torch.bool, device=x.device)
+    return ~torch.isfinite(torch.amax(x.abs(), dim=dim, keepdim=True))
 
 
 def nonfinite_sum(x: torch.Tensor, dim, keepdim: bool) -> torch.Tensor:
     """Sum of only the non-finite addends (finite ones zeroed): inf/nan arithmetic is order-free."""
-    only = torch.where(torch.isfinite(x), torch.zeros_like(x), x)
+    only = x - finite_or_zero(x)  # finite: x - x = +0.0 exactly; inf - 0 = inf; NaN stays NaN
     return only.sum(dim=dim, keepdim=keepdim)  # br-ok: addends are 0, +-inf or nan, whose sum is order-independent

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.ref import fixed
 from kernels.ref.checks import expect, same_device
 from kernels.ref.elementary import rsqrt_
 from kernels.ref.hadamard import DEFAULT_BLOCK, padded_length
@@ -72,8 +73,7 @@ def int8_linear_forward(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> 
     acc = int8_mm(q_x, q_w.t())
     # bit-relevant order: the per-channel product s_x * s_w[n] first, then float32(acc) times it
     y = acc.to(F32) * (s_x * s_w)
-    bad = (~torch.isfinite(x2)).any(dim=1, keepdim=True) | (~torch.isfinite(w)).any(dim=1)[None, :] \
-        | ~torch.isfinite(s_x)
+    bad = fixed.nonfinite_along(x2, 1) | fixed.nonfinite_along(w, 1).t() | ~torch.isfinite(s_x)
     y = torch.where(bad, torch.full_like(y, float("nan")), y)
     return y.reshape(*x.shape[:-1], w.shape[0])
 

@@ -40,7 +40,7 @@ def quantize_symmetric(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.T
 
 
 def _bad(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return (~torch.isfinite(x)).any(dim=dim, keepdim=True)
+    return fixed.nonfinite_along(x, dim)
 
 
 def rotated_int8_mm(a: torch.Tensor, b: torch.Tensor, *, rotate: bool = True,
