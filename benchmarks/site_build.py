@@ -9,7 +9,7 @@ held-out evaluations every 100 steps, a resize half way, a spike (5 skipped step
 certificates as the batch audit files them: every 100-step segment MATCH on cpu_x86, one MISMATCH segment,
 a tenth of the run MATCH on a second kind. No checkpoints. Times `python -m app audit site` on it (a fresh
 process, imports included; the documents of the default steps 0..49 and the MISMATCH step from the demo corpus).
-Target: < 30 s. Prints a table, writes benchmarks/results/site_build.json.
+Target: < 30 s. Prints a table, writes benchmarks/results/site_build.json (or --out FILE).
 """
 from __future__ import annotations
 
@@ -122,6 +122,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--template", default=None, help="a tiny run directory to copy config.json, run.json, data/ from")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "site_build.json"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -145,8 +146,10 @@ def main() -> int:
            "python": platform.python_version(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
     print(f"{'steps':>8} {'hash log MB':>11} {'site s':>8} {'site MB':>8} {'files':>6}")
     print(f"{args.steps:>8} {log_mb:>11.1f} {min(times):>8.2f} {site_mb:>8.1f} {files:>6}   (target < 30 s)")
-    (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "benchmarks" / "results" / "site_build.json").write_text(json.dumps(res, indent=1) + "\n")
+    out_file = Path(args.out)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {out_file}")
     return 0
 
 
