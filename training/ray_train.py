@@ -39,6 +39,7 @@ microbatches on every rank; `exact` takes any split.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, replace
@@ -77,9 +78,17 @@ class TorchGroup:
         all_reduce_(t)
 
     def all_gather(self, obj) -> list:
-        out = [None] * self.world
-        self._dist.all_gather_object(out, obj)
-        return out
+        """`obj` (lists, numbers, strings) from every rank, in rank order, sent as JSON bytes in a tensor: nothing is
+        unpickled (all_gather_object would unpickle what the other ranks send). Floats survive JSON exactly."""
+        dist = self._dist
+        dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        mine = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8).to(dev)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=dev))
+        top = max(int(n) for n in sizes)
+        bufs = [torch.empty(top, dtype=torch.uint8, device=dev) for _ in range(self.world)]
+        dist.all_gather(bufs, torch.cat([mine, torch.zeros(top - mine.numel(), dtype=torch.uint8, device=dev)]))
+        return [json.loads(b[:int(n)].cpu().numpy().tobytes()) for b, n in zip(bufs, sizes)]
 
     def mesh(self, dp_shard: int) -> tuple:
         """(my replica's group, the group of the ranks owning my shard) as CollectiveGroups (training/sharding.py).
