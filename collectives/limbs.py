@@ -4,7 +4,7 @@ A sum is one integer L per element on the absolute grid 2^-GRID, held in three i
 digits: L = l2 * 2^80 + l1 * 2^40 + l0. Partials add limb by limb without carries (2^40 * MAX_PARTIALS = 2^62:
 no limb overflows); `normalize` carries to the unique form 0 <= l0, l1 < 2^40, `combine` maps those digits to
 float64 by a fixed chain, and `scaled` / `to_float32` apply the scale and the one float32 rounding.
-It lives below training so that a collective may evaluate the same chain.
+The accumulator (training) and the compact wire (collectives/exact_wire.py) share this chain bit for bit.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def normalize(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> tuple[tor
 def combine(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
     """float64 of normalized limbs by a fixed chain of float64 operations: the same bits on every device.
 
-    Error: |combine - L| <= 3.0001 * 2^-53 * |L|. Where |l2| <= 2^53,
+    Error (collectives/exact_wire.py relies on it): |combine - L| <= 3.0001 * 2^-53 * |L|. Where |l2| <= 2^53,
     l2 * 2^80 + l1 * 2^40 is exact before its one rounding and l0 adds one more; where |l2| > 2^53, l2's own
     rounding adds 2^-53 * |l2| * 2^80 <= 2^-53 * |L| * (1 + 2^-52). Where L is itself a float64, every step is
     exact and the chain gives L (floor(L / 2^k) * 2^k and floor(L / 2^80) are then float64s too). The chain is

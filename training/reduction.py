@@ -169,6 +169,15 @@ class ExactSum:
             self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
         return self.limbs, self.bad
 
+    def wire(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(limbs (3, numel), bad (numel,) or None where all +0.0) for the compact wire (collectives/exact_wire.py),
+        which carry-normalizes the limbs in place (the same integers). Materializes the limbs as `shared` does."""
+        self._flush()
+        if self.limbs is None:
+            self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
+        n = self.limbs[0].numel()
+        return self.limbs.view(3, n), None if self._bad is None else self._bad.view(n)
+
     @classmethod
     def of_shared(cls, limbs: torch.Tensor, bad: torch.Tensor, ops=None) -> "ExactSum":
         """An accumulator holding summed (limbs, bad) buffers, e.g. a slice of `shared()`'s (result is elementwise)."""
