@@ -13,6 +13,8 @@ shard-minor, then the rank's microbatches in order). Two definitions, picked by 
     associative, so the sum is the same for every grouping: per rank, across shards, across replicas, in
     any order, atomics included. The unique carry-normalized digits go through a fixed chain of float64
     operations (times 1/n) and one float32 rounding (the format and the chain: collectives/limbs.py).
+    Between real ranks the integers travel on the compact wire (`exact_across_ranks`,
+    collectives/exact_wire.py): about 8 bytes an element instead of the limbs' 32, the same bits.
     With a topology-independent microbatch partition (micro_batch = 1: a microbatch is one window), a
     step's bits are then independent of the world size itself. Range: |g| < 2^24 per element and up to
     2^22 partials; larger or non-finite elements propagate as inf/NaN (order-free), and values below
@@ -31,6 +33,7 @@ import torch
 
 from training.config import REDUCTIONS, Topology
 from training.errors import ConfigError
+from collectives.exact_wire import compact_exact_sum
 from collectives.limbs import DIGIT, GRID, LIMIT, MAX_PARTIALS, scaled, to_float32, value
 from collectives.treefold import TreeFold
 from kernels import is_triton
@@ -247,6 +250,14 @@ def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], ops=No
 def exact_result(sums: dict[str, ExactSum], n: int) -> dict[str, torch.Tensor]:
     """The mean over `n` partials from the (possibly all-reduced) exact sums."""
     return {k: s.result(1.0 / n) for k, s in sums.items()}
+
+
+def exact_across_ranks(sums: dict[str, ExactSum], n: int, group) -> dict[str, torch.Tensor]:
+    """The mean over `n` partials of every rank's sums, `exact_result`'s bits: one compact exact all-reduce
+    (collectives/exact_wire.py, ~8 bytes an element) over every tensor in name order, the same on every rank."""
+    names = sorted(sums)
+    outs, _ = compact_exact_sum([sums[k].wire() for k in names], group, 1.0 / n)
+    return {k: out.view(sums[k].shape) for k, out in zip(names, outs)}
 
 
 def uniform_accum(coords: list[Coord], topology: Topology) -> int:
