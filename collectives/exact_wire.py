@@ -198,13 +198,28 @@ def _shifted(h: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def _encode(p: _Piece, s: torch.Tensor, k: int, words: torch.Tensor, block: int, chunk: int) -> None:
-    """Phase 2's words of one part: (floor(L / 2^s) << K) | [L mod 2^s != 0]."""
+    """Phase 2's words of one part."""
     for a, b, rows, width in _spans(p.n, block, chunk):
-        sb = s[a // block:a // block + rows, None]
-        l0, l1, l2 = _rows(p, a, b, rows, width)
-        low = _low(l0, l1, l2, sb)
-        flag = ((low[0] | low[1] | low[2]) != 0).to(I64)
-        words[a:b].view(rows, width).copy_((_floor_shift(l0, l1, l2, sb) << k) | flag)
+        torch.bitwise_or(*_word(*_rows(p, a, b, rows, width), s[a // block:a // block + rows, None], k),
+                         out=words[a:b].view(rows, width))
+
+
+def _word(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, s: torch.Tensor,
+          k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(floor(L / 2^s) << K, [L mod 2^s != 0]) of normalized limbs; shortcuts where every s of the chunk is at most
+    40 (then |L| < 2^93: l2 * 2^40 + l1 fits) or within 40..80 (l0 lies wholly in the low part)."""
+    lo, hi = int(s.min()), int(s.max())
+    if hi <= DIGIT:
+        h = (((l2 << DIGIT) + l1) << (DIGIT - s)) + (l0 >> s)
+        low = l0 & _mask(s)
+    elif lo >= DIGIT and hi <= 2 * DIGIT:
+        h = (l2 << (2 * DIGIT - s)) + (l1 >> (s - DIGIT))
+        low = l0 | (l1 & _mask(s - DIGIT))
+    else:
+        h = _floor_shift(l0, l1, l2, s)
+        parts = _low(l0, l1, l2, s)
+        low = parts[0] | parts[1] | parts[2]
+    return h << k, (low != 0).to(I64)
 
 
 def _decode(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: torch.Tensor, block: int,

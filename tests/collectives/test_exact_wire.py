@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from collectives import CollectiveGroup, free_port
-from collectives.exact_wire import (_floor_shift, _low, _settled, _shifted, WireStats, compact_exact_sum)
+from collectives.exact_wire import _floor_shift, _low, _settled, _shifted, _word, WireStats, compact_exact_sum
 from collectives.limbs import combine, normalize, scaled, value
 from training.reduction import ExactSum
 
@@ -269,6 +269,26 @@ def test_shifts_and_low_parts_are_exact_integers(one_thread):
             back = _shifted(torch.tensor(hs, dtype=I64), torch.full((len(hs),), s, dtype=I64))
             assert _ints(back) == [x << s for x in hs]
             assert all(bool((t >= 0).all() and (t <= DIGITS).all()) for t in back[:2])
+
+
+@pytest.mark.parametrize("shifts", [(0,), (23,), (40,), (41,), (77,), (80,), (3, 45), (39, 90), (60, 114)])
+def test_words_pack_the_floor_and_the_low_flag(shifts):
+    """Every shift regime of `_word` (all shifts of a chunk up to 40, within 40..80, or else), on sums that keep
+    the wire's bound |L| < 2^(s + 53 - K)."""
+    k = 4
+    s = [shifts[i % len(shifts)] for i in range(600)]
+    tops = [min(x + 49, 138) for x in s]  # within the limbs' range
+    rng = np.random.Generator(np.random.Philox(sum(shifts)))
+    ls = []
+    for t in tops:
+        v = int(rng.integers(1 << 61, 1 << 62))
+        v = v << (t - 62) if t > 62 else v >> int(rng.integers(62 - t, 62))
+        ls.append(v if rng.random() < 0.5 else -v)
+    ls[:4] = [0, -1, 1 << 20, -(1 << 20)]
+    st = torch.tensor(s, dtype=I64)
+    hk, flag = _word(*normalize(*limbs_of(ls)), st, k)
+    assert hk.tolist() == [(v >> x) << k for v, x in zip(ls, s)]
+    assert flag.tolist() == [int(v % (1 << x) != 0) for v, x in zip(ls, s)]
 
 
 def test_the_chain_is_not_monotone_and_the_widened_test_catches_it():
