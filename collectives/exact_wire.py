@@ -155,14 +155,37 @@ def _rows(p: _Piece, a: int, b: int, rows: int, width: int) -> tuple[torch.Tenso
 def _scan(p: _Piece, info: torch.Tensor, block: int, chunk: int) -> None:
     """Phase 1 on one part: carry-normalize its limbs in place; per block E (info[0]) and the bad flag (info[1])."""
     for a, b, rows, width in _spans(p.n, block, chunk):
-        limbs = normalize_(*_rows(p, a, b, rows, width))
-        # |combine - L| <= 3.0001 * 2^-53 |L| (collectives/limbs.py), so |L| < 2^(e + 1) where |combine| < 2^e
-        top = combine(*limbs).abs_().amax(dim=1)
-        e = torch.frexp(top)[1].to(I32)
         j = a // block
-        info[0, j:j + rows] = torch.where(top > 0, e + 1, torch.zeros_like(e))
+        info[0, j:j + rows] = _top(*normalize_(*_rows(p, a, b, rows, width)))
         if p.bad is not None:
             info[1, j:j + rows] = (p.bad[a:b].view(rows, width) != 0).any(dim=1).to(I32)
+
+
+def _top(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
+    """Per row of normalized limbs, E with |L| < 2^E (int32). On a row, v = floor(L / 2^d) puts every L in
+    [min v 2^d, (max v + 1) 2^d), so |L| <= (m + 1) 2^d with m = max(max v, -min v - 1): E = d + bit_length(m + 1).
+    d = 80 (v = l2) first; rows where m = 0 (v in {0, -1}) go on with d = 40 (v = l2 2^40 + l1), then d = 0 (L)."""
+    m = _span(l2)
+    e = 2 * DIGIT + _bits(m + 1)
+    rows = (m == 0).nonzero().squeeze(1)
+    if rows.numel():
+        v = (l2[rows] << DIGIT) + l1[rows]  # in [-2^40, 2^40)
+        m = _span(v)
+        e[rows] = DIGIT + _bits(m + 1)
+        last = m == 0
+        if bool(last.any()):
+            e[rows[last]] = _bits(_span((v[last] << DIGIT) + l0[rows[last]]) + 1)
+    return e.to(I32)
+
+
+def _span(v: torch.Tensor) -> torch.Tensor:
+    """Per row, max(max v, -min v - 1): |v| <= m + 1 on the row, with v = -(m + 1) possible."""
+    return torch.maximum(v.amax(dim=1), -v.amin(dim=1) - 1)
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """bit_length of positive int64s from float64's exponent (a conversion that rounds up adds a bit: a bound)."""
+    return torch.frexp(x.to(F64))[1].to(I64)
 
 
 def _floor_shift(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -231,9 +254,9 @@ def _decode(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: tor
         sb = s[a // block:a // block + rows, None]
         w = words[a:b].view(rows, width)
         h, f = w >> k, w & ((1 << k) - 1)
-        # bit-relevant: lo = h 2^s is a float64 (|h| <= 2^53), so the chain's value is fl(h) 2^s, and times
-        # 2^-GRID that is fl(h) 2^(s - GRID): exact products, then `scaled`'s one rounding by `scale`
-        lo = (h.to(F64) * _pow2(sb - GRID)) * scale
+        # bit-relevant: lo = h 2^s is a float64 (|h| <= 2^53), so the chain's value is fl(h) 2^s; `scaled` takes
+        # it times 2^-GRID (exact) times `scale` (one rounding): fl(h * (2^(s - GRID) * scale)), the factor exact
+        lo = h.to(F64) * (_pow2(sb - GRID) * scale)
         out[a:b].view(rows, width).copy_(to_float32(lo, None))
         hit = f != 0
         m = int(torch.count_nonzero(hit))

@@ -19,7 +19,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from collectives import CollectiveGroup, free_port
-from collectives.exact_wire import _floor_shift, _low, _settled, _shifted, _word, WireStats, compact_exact_sum
+from collectives.exact_wire import (_floor_shift, _low, _settled, _shifted, _top, _word, WireStats,
+                                    compact_exact_sum)
 from collectives.limbs import combine, normalize, scaled, value
 from training.reduction import ExactSum
 
@@ -144,6 +145,14 @@ def grad_case(world: int, seed: int) -> dict:
     return {"ranks": ranks, "scale": 1.0 / (4 * world), "block": 1024, "chunk": 1 << 16}
 
 
+def tiny_case(world: int, seed: int) -> dict:
+    """Blocks whose sums lie below 2^80 and 2^40 on the grid (|g| ~ 2^-30 and 2^-70), and all-zero blocks."""
+    rng = np.random.Generator(np.random.Philox(seed))
+    scale = np.repeat(np.array([2.0 ** -30, 2.0 ** -70, 0.0, 2.0 ** -30 * 3]), 256)
+    ranks = [{"t": [(rng.standard_normal(1024) * scale).astype(np.float32) for _ in range(2)]} for _ in range(world)]
+    return {"ranks": ranks, "scale": 1.0 / (2 * world), "block": 256, "chunk": 512}
+
+
 def sums_of(case: dict, ranks: range) -> dict[str, ExactSum]:
     """ExactSum per tensor over the partials of `ranks`, rank by rank."""
     first = case["ranks"][0]
@@ -162,7 +171,8 @@ def build() -> dict:
     cases = {}
     for world in range(1, WORLD + 1):
         for name, case in (("mixed", mixed_case(world, 10 + world)), ("edge", edge_case(world, 1.0)),
-                           ("edge3", edge_case(world, 1.0 / 3)), ("grad", grad_case(world, 20 + world))):
+                           ("edge3", edge_case(world, 1.0 / 3)), ("grad", grad_case(world, 20 + world)),
+                           ("tiny", tiny_case(world, 30 + world))):
             ref = sums_of(case, range(world))
             case["ref"] = {k: s.result(case["scale"]).reshape(-1) for k, s in ref.items()}
             case["wire"] = [{k: s.wire() for k, s in sorted(sums_of(case, range(r, r + 1)).items())}
@@ -208,7 +218,7 @@ def same_bits_or_both_nan(got: np.ndarray, want: torch.Tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("world", range(1, WORLD + 1))
-@pytest.mark.parametrize("name", ["mixed", "edge", "edge3", "grad"])
+@pytest.mark.parametrize("name", ["mixed", "edge", "edge3", "grad", "tiny"])
 def test_every_rank_gets_the_single_process_bits(ran, world, name):
     cases, out = ran
     case = cases[(world, name)]
@@ -269,6 +279,17 @@ def test_shifts_and_low_parts_are_exact_integers(one_thread):
             back = _shifted(torch.tensor(hs, dtype=I64), torch.full((len(hs),), s, dtype=I64))
             assert _ints(back) == [x << s for x in hs]
             assert all(bool((t >= 0).all() and (t <= DIGITS).all()) for t in back[:2])
+
+
+def test_block_tops_bound_every_sum_within_a_bit():
+    """E per row: |L| < 2^E, and E at most one more than the row's largest bit length, on rows decided by l2, by l1
+    (sums below 2^80) and by l0 (below 2^40), both signs, the boundaries and zeros."""
+    rows = [_random_ints(64, 3, 138)[-64:], _random_ints(64, 4, 79)[-64:], _random_ints(64, 5, 39), [0] * 64,
+            [-(1 << 80)] + [0] * 63, [-(1 << 40)] + [-1] * 63, [(1 << 80) - 1] * 64, [-1] * 64]
+    e = _top(*(t.view(len(rows), 64) for t in normalize(*limbs_of([v for r in rows for v in r])))).tolist()
+    for r, got in zip(rows, e):
+        top = max(abs(v) for v in r).bit_length()
+        assert all(abs(v) < 1 << got for v in r) and got <= top + 1, (top, got)
 
 
 @pytest.mark.parametrize("shifts", [(0,), (23,), (40,), (41,), (77,), (80,), (3, 45), (39, 90), (60, 114)])
