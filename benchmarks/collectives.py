@@ -61,7 +61,7 @@ METHODS = ("det", "native", "native-bf16", "exact", "exact-limbs", "exact-compac
 # bytes per element a rank holds at once while a method runs (its buffers and the others' of its phase), for the
 # memory guard; PROCESS: a rank's own (torch, gloo, the interpreter, the fill's temporaries)
 FOOTPRINT = {"det": 24, "native": 16, "native-bf16": 16, "exact": 28, "exact-limbs": 36, "exact-compact": 36}
-PROCESS = 500 << 20
+PROCESS = 800 << 20
 SENT = {"bytes": 0, "on": False}
 
 
@@ -357,6 +357,7 @@ def main() -> None:
     cfg = {"backend": a.backend, "seed": a.seed, "warmup": a.warmup, "methods": methods, "sizes": sizes,
            "reps": a.reps or (20 if nccl else 5), "chunks": [int(c) for c in a.chunks.split(",")]}
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single host: rendezvous over loopback
+    load = {"start": os.getloadavg()}  # other work on the machine shows in the times
     rows = []
     for world in procs:
         cfg["skip"] = skips(world, sizes, methods, a.backend)
@@ -364,6 +365,7 @@ def main() -> None:
             mp.start_processes(_worker, args=(world, free_port(), cfg, tmp), nprocs=world, join=True,
                                start_method="spawn")
             rows += json.loads(Path(tmp, "rows.json").read_text())
+    load["end"] = os.getloadavg()
     lines = table(rows)
     t = Table(title=f"all-reduce, {a.backend}: median of {cfg['reps']} (ms), wire bytes an element")
     for h in lines[0].strip("| ").split(" | "):
@@ -372,7 +374,8 @@ def main() -> None:
         t.add_row(*ln.strip("| ").split(" | "))
     Console(width=200).print(t)
     doc = {"command": "python3 " + " ".join(sys.argv), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="minutes"), "machine": machine(a.backend), "config": cfg, "results": rows, "table": lines}
+        timespec="minutes"), "machine": machine(a.backend), "load_average": load, "config": cfg, "results": rows,
+        "table": lines}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1))
     print(f"wrote {a.out}")
