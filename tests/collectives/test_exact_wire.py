@@ -36,12 +36,12 @@ def mixed(rng: np.random.Generator, n: int) -> np.ndarray:
     x = rng.uniform(1, 2, n) * rng.choice([-1.0, 1.0], n) * np.exp2(rng.integers(-100, 24, n))
     wide = rng.random(n) < 0.01
     x[wide] = np.exp2(rng.integers(24, 31, int(wide.sum()))) * rng.choice([-1.0, 1.0], int(wide.sum()))
-    kind = rng.random(n)
+    kind, sign = rng.random(n), rng.choice([-1.0, 1.0], n)
     x[kind < 0.05] = 0.0
     sub = (kind >= 0.05) & (kind < 0.08)
     x[sub] = np.ldexp(rng.uniform(1, 2, int(sub.sum())), rng.integers(-149, -126, int(sub.sum())))
-    x[(kind >= 0.08) & (kind < 0.10)] = (2.0 ** 24 - 1) * rng.choice([-1.0, 1.0])
-    x[(kind >= 0.10) & (kind < 0.105)] = 2.0 ** 24 * rng.choice([-1.0, 1.0])
+    x[(kind >= 0.08) & (kind < 0.10)] = ((2.0 ** 24 - 1) * sign)[(kind >= 0.08) & (kind < 0.10)]
+    x[(kind >= 0.10) & (kind < 0.105)] = (2.0 ** 24 * sign)[(kind >= 0.10) & (kind < 0.105)]
     x[(kind >= 0.105) & (kind < 0.107)] = np.nan
     x[(kind >= 0.107) & (kind < 0.109)] = np.inf
     x[(kind >= 0.109) & (kind < 0.111)] = -np.inf
