@@ -196,16 +196,22 @@ def _result(r) -> dict:
     return {k: v for k, v in r.__dict__.items() if k not in ("digest_seconds", "memo")}
 
 
-def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
-    """Four rank threads, two replicas of two shards (tests/training/test_ray_hsdp.py runs 1x2 and 2x2 on Ray)."""
-    topo = Topology(2, 2)
-    ctx = StepContext.build(four)
-    tokens = _tokens(four, ctx)
-    one = TrainState.fresh(init_params(four.model, four.train.seed))
+def _one_process(cfg, topo: Topology) -> tuple:
+    """(context, tokens, end state, [(result fields, state hash)] per step) of the one-process run on `topo`."""
+    ctx = StepContext.build(cfg)
+    tokens = _tokens(cfg, ctx)
+    one = TrainState.fresh(init_params(cfg.model, cfg.train.seed))
     want = []
     for i in range(STEPS):
         r = run_step(one, tokens[i], topo, ctx)
         want.append((_result(r), state_hash(state_entries(one, "{}", "c", {}))))
+    return ctx, tokens, one, want
+
+
+def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
+    """Four rank threads, two replicas of two shards (tests/training/test_ray_hsdp.py runs 1x2 and 2x2 on Ray)."""
+    topo = Topology(2, 2)
+    ctx, tokens, one, want = _one_process(four, topo)
 
     hubs = {"world": Hub(topo.world), "replica": [Hub(topo.dp_shard) for _ in range(topo.dp_replicate)],
             "shard": [Hub(topo.dp_replicate) for _ in range(topo.dp_shard)]}
@@ -238,13 +244,7 @@ def test_threaded_3x1_steps_equal_the_one_process_steps(four, one_thread):
     """Three rank threads without HSDP (owning 2, 1 and 1 of each step's 4 windows): the exact sums meet on the
     compact wire, and every rank gets the one-process results and state hash of topology 3x1."""
     topo = Topology(3, 1)
-    ctx = StepContext.build(four)
-    tokens = _tokens(four, ctx)
-    one = TrainState.fresh(init_params(four.model, four.train.seed))
-    want = []
-    for i in range(STEPS):
-        r = run_step(one, tokens[i], topo, ctx)
-        want.append((_result(r), state_hash(state_entries(one, "{}", "c", {}))))
+    ctx, tokens, _, want = _one_process(four, topo)
     hubs = {"world": Hub(topo.world)}
 
     def rank(r: int):
