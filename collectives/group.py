@@ -123,6 +123,11 @@ class CollectiveGroup:
         """On group rank `dst` the full 1-D buffer of `numel` elements from every rank's shard; None elsewhere."""
         return _gather(shard, numel, self.group, dst)
 
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place sum with torch's own all-reduce, for integers (exact in any order; the compact exact wire)."""
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        return tensor
+
     def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place elementwise max over the group (torch's own: a max is exact in any order)."""
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)

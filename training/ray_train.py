@@ -16,8 +16,8 @@ every device). Every worker, on every (re)start of the worker group:
 - runs each step on topology "RxS" with S = --dp-shard (default 1) and R = world / S (a world that is not a
   multiple of S is refused with a ConfigError): it computes only the microbatches of the windows it owns
   (m mod world == rank, stream.windows_for: any count, none included) into exact int64 gradient accumulators
-  (training/step.py). With S = 1
-  they are all-reduced (SUM) and every rank clips and runs AdamW on the full tensors. With S > 1 (HSDP,
+  (training/step.py). With S = 1 they are summed on the compact exact wire (integer all-reduces,
+  collectives/exact_wire.py) and every rank clips and runs AdamW on the full tensors. With S > 1 (HSDP,
   training/sharding.py) they are reduce-scattered within each replica of S ranks to the owners of contiguous
   slices of the flat parameter vector and summed across replicas; each owner clips with the global norm and
   updates its slice of parameters and moments, and the parameters are all-gathered within the replica; rank
@@ -71,6 +71,9 @@ class TorchGroup:
     def all_reduce_sum_(self, t: torch.Tensor) -> None:
         self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM)  # int64 (or inf/NaN flags): order-free
 
+    def all_reduce_max_(self, t: torch.Tensor) -> None:
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)  # a max is exact in any order
+
     def all_reduce_ordered_(self, t: torch.Tensor) -> None:
         """float32 sum in the canonical fold's order (collectives' recursive doubling): the `ordered` reduction."""
         from collectives.allreduce import all_reduce_
@@ -113,6 +116,9 @@ class SoloGroup:
     rank, world = 0, 1
 
     def all_reduce_sum_(self, t: torch.Tensor) -> None:
+        pass
+
+    def all_reduce_max_(self, t: torch.Tensor) -> None:
         pass
 
     def all_reduce_ordered_(self, t: torch.Tensor) -> None:

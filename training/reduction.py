@@ -12,7 +12,9 @@ shard-minor, then the rank's microbatches in order). Two definitions, picked by 
     of 2^-96 and added as integers in three int64 limbs of 40-bit digits (`ExactSum`). Integer addition is
     associative, so the sum is the same for every grouping: per rank, across shards, across replicas, in
     any order, atomics included. The unique carry-normalized digits go through a fixed chain of float64
-    operations (times 1/n) and one float32 rounding.
+    operations (times 1/n) and one float32 rounding (the format and the chain: collectives/limbs.py).
+    Between real ranks the integers travel on the compact wire (`exact_across_ranks`,
+    collectives/exact_wire.py): about 8 bytes an element instead of the limbs' 32, the same bits.
     With a topology-independent microbatch partition (micro_batch = 1: a microbatch is one window), a
     step's bits are then independent of the world size itself. Range: |g| < 2^24 per element and up to
     2^22 partials; larger or non-finite elements propagate as inf/NaN (order-free), and values below
@@ -31,15 +33,13 @@ import torch
 
 from training.config import REDUCTIONS, Topology
 from training.errors import ConfigError
+from collectives.exact_wire import compact_exact_sum
+from collectives.limbs import DIGIT, GRID, LIMIT, MAX_PARTIALS, scaled, to_float32, value
 from collectives.treefold import TreeFold
 from kernels import is_triton
 from kernels.ref.fixed import pow2
 
 F32, F64 = torch.float32, torch.float64
-GRID = 96  # fixed-point grid 2^-GRID
-DIGIT = 40  # bits per limb digit; 3 limbs span 120 bits, |g| * 2^GRID < 2^120
-LIMIT = float(1 << (3 * DIGIT - GRID))  # 2^24: larger magnitudes are flagged, not wrapped
-MAX_PARTIALS = 1 << 22  # 2^40 * 2^22 = 2^62: no limb overflows before normalization
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,15 @@ class ExactSum:
             self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
         return self.limbs, self.bad
 
+    def wire(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(limbs (3, numel), bad (numel,) or None where all +0.0) for the compact wire (collectives/exact_wire.py),
+        which carry-normalizes the limbs in place (the same integers). Materializes the limbs as `shared` does."""
+        self._flush()
+        if self.limbs is None:
+            self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
+        n = self.limbs[0].numel()
+        return self.limbs.view(3, n), None if self._bad is None else self._bad.view(n)
+
     @classmethod
     def of_shared(cls, limbs: torch.Tensor, bad: torch.Tensor, ops=None) -> "ExactSum":
         """An accumulator holding summed (limbs, bad) buffers, e.g. a slice of `shared()`'s (result is elementwise)."""
@@ -190,19 +199,9 @@ class ExactSum:
             v = self._grid(self.pending) + 0.0
         elif self.limbs is None:
             v = torch.zeros(self.shape, dtype=F64, device=self.device)
-        else:
-            l0, l1, l2 = self.limbs[0], self.limbs[1], self.limbs[2]
-            # carry-normalize to the unique form 0 <= l0, l1 < 2^40 (arithmetic shifts are floors)
-            c = l0 >> DIGIT
-            l0 = l0 - (c << DIGIT)
-            l1 = l1 + c
-            c = l1 >> DIGIT
-            l1 = l1 - (c << DIGIT)
-            l2 = l2 + c
-            # a fixed chain of float64 operations on the unique integers: the same bits on every device
-            v = (l2.to(F64) * self._m80 + l1.to(F64) * self._m40) + l0.to(F64)
-        v = (v * _p2(-GRID, v.device)) * scale
-        return torch.where(torch.isfinite(self.bad), v, self.bad).to(F32)
+        else:  # the unique carry-normalized digits through the format's fixed float64 chain (collectives/limbs.py)
+            v = value(self.limbs)
+        return to_float32(scaled(v, scale), self._bad)
 
 
 def _scale(g: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
@@ -251,6 +250,14 @@ def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], ops=No
 def exact_result(sums: dict[str, ExactSum], n: int) -> dict[str, torch.Tensor]:
     """The mean over `n` partials from the (possibly all-reduced) exact sums."""
     return {k: s.result(1.0 / n) for k, s in sums.items()}
+
+
+def exact_across_ranks(sums: dict[str, ExactSum], n: int, group) -> dict[str, torch.Tensor]:
+    """The mean over `n` partials of every rank's sums, `exact_result`'s bits: one compact exact all-reduce
+    (collectives/exact_wire.py, ~8 bytes an element) over every tensor in name order, the same on every rank."""
+    names = sorted(sums)
+    outs, _ = compact_exact_sum([sums[k].wire() for k in names], group, 1.0 / n)
+    return {k: out.view(sums[k].shape) for k, out in zip(names, outs)}
 
 
 def uniform_accum(coords: list[Coord], topology: Topology) -> int:

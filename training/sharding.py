@@ -149,6 +149,7 @@ class ShardedStep:
 
     def reduce(self, sums: dict[str, ExactSum], n: int) -> torch.Tensor:
         """My slice of the mean gradient over all `n` microbatches of every rank."""
+        # the limb wire (3 limbs + bad, 32 bytes an element): HSDP does not use the compact exact wire yet
         shared = [sums[k].shared() for k in self.layout.names]
         limbs = torch.cat([lb.reshape(3, -1) for lb, _ in shared], dim=1)
         bad = torch.cat([b.reshape(-1) for _, b in shared])

@@ -17,9 +17,10 @@ state hash, so a step hashes each tensor's bytes once.
 
 Real data parallelism (training/ray_train.py): `run_step(..., group=g)` with a real group of g.world ranks and a
 topology R x S with R * S == g.world; this process (rank r = replica * S + shard) computes only the
-microbatches of rank r into exact int64 accumulators. With S = 1 they are summed across ranks (all-reduce SUM
-on integers: order-free, so every rank holds the bits the one-process virtual topology computes) and every
-rank clips and runs AdamW on the full tensors. With S > 1 (HSDP, training/sharding.py) they are reduce-scattered
+microbatches of rank r into exact int64 accumulators. With S = 1 they are summed across ranks on the compact
+exact wire (collectives/exact_wire.py: integer all-reduces, order-free, about 8 bytes an element for every tensor
+in one flat buffer), so every rank holds the bits the one-process virtual topology computes, and every rank clips
+and runs AdamW on the full tensors. With S > 1 (HSDP, training/sharding.py) they are reduce-scattered
 to the shard owners of each replica and summed across replicas; each owner clips its slice with the global
 norm (global_l2_norm's bits) and updates its slice of parameters and moments; the parameters are all-gathered
 in the replica. Rank 0 then holds the full state (m, v and grads gathered to it); every other rank holds full
@@ -45,7 +46,7 @@ from training.errors import ConfigError
 from training.model import forward, rope_for
 from training.optim import SpikeState, adamw_update, clip, spike_decision
 from training.params import ParamSpec, spec_map
-from training.reduction import (Coord, exact_result, exact_sums, ordered_across_ranks, reduce_gradients,
+from training.reduction import (Coord, exact_across_ranks, exact_sums, ordered_across_ranks, reduce_gradients,
                                 uniform_accum)
 from training.sharding import Shard, ShardedStep
 from kernels.ref.reduce import exact_mean
@@ -223,8 +224,8 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     """Run step `state.step` on its windows `tokens` [windows, seq_len + 1] (int64, in window order); in place.
 
     `group` (optional): a real data-parallel group with .rank, .world, .all_reduce_sum_(tensor),
-    .all_gather(obj) -> list and, for dp_shard > 1, .mesh(dp_shard) -> (replica group, shard group) of
-    collectives.CollectiveGroup; this process then runs only its rank's microbatches (module doc)."""
+    .all_reduce_max_(tensor), .all_gather(obj) -> list and, for dp_shard > 1, .mesh(dp_shard) -> (replica group,
+    shard group) of collectives.CollectiveGroup; this process then runs only its rank's microbatches (module doc)."""
     t = ctx.cfg.train
     step = state.step
     lo, hi = ctx.batch.window_range(step)
@@ -271,10 +272,7 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
             reduced = sharded.reduce(sums, n)  # my slice of it
         else:
             sums = exact_sums(parts, ctx.ops, like=params32, weight=dict(zip(coords, weight)))
-            for k in sorted(sums):  # the same order on every rank
-                for buf in sums[k].shared():
-                    group.all_reduce_sum_(buf)
-            reduced = exact_result(sums, n)
+            reduced = exact_across_ranks(sums, n, group)
         # every rank sees every microbatch's rows, digests and loads (in window order after the sort below)
         mine = ([(w, x.tolist()) for w, x in losses], _read(partial_digests),
                 {k: v.tolist() for k, v in load.items()})

@@ -20,7 +20,7 @@ from kernels.triton.ieee import INF, isfinite, rint
 from kernels.triton.launch import BR_OPTIONS, cdiv, on_triton  # noqa: F401  (on_triton: ExactSum's test)
 from kernels.triton.reduce import _double_bits
 
-# the definition lives in training/reduction.py (GRID, DIGIT, LIMIT); kernels must not import app
+# the definition lives in collectives/limbs.py (GRID, DIGIT, LIMIT); kernels import no other package
 GRID = 96  # fixed-point grid 2^-GRID
 DIGIT = tl.constexpr(40)  # bits per limb digit
 LIMIT = tl.constexpr(16777216.0)  # 2^(3 * DIGIT - GRID) = 2^24: larger magnitudes go to `bad`

@@ -1,4 +1,5 @@
-"""HSDP without Ray: the flat layout, the sharded norm, and whole sharded steps on ranks simulated by threads.
+"""HSDP without Ray: the flat layout, the sharded norm, and whole sharded steps on ranks simulated by threads (and
+whole unsharded steps, whose exact sums meet on the compact wire, on the same threads).
 
 The threads' collectives are the collectives package's one-process simulations (the same sums in the same
 order as its gloo versions), so a step run by R x S threads must give the one-process bits on topology RxS."""
@@ -69,7 +70,8 @@ class Sub:
 
 
 class Rank:
-    """run_step's group protocol (rank, world, all_reduce_sum_, all_gather, mesh) for one thread of R x S."""
+    """run_step's group protocol (rank, world, all_reduce_sum_, all_reduce_max_, all_gather, mesh) for one thread of
+    R x S."""
 
     def __init__(self, rank: int, hubs: dict) -> None:
         self.rank, self.world, self.hubs = rank, hubs["world"].k, hubs
@@ -77,6 +79,9 @@ class Rank:
     def all_reduce_sum_(self, t):
         parts = self.hubs["world"].swap(self.rank, t.clone())
         t.copy_(simulate_allreduce(parts)[self.rank])
+
+    def all_reduce_max_(self, t):
+        t.copy_(torch.stack(self.hubs["world"].swap(self.rank, t.clone())).amax(0))
 
     def all_gather(self, obj) -> list:
         return self.hubs["world"].swap(self.rank, obj)
@@ -191,16 +196,22 @@ def _result(r) -> dict:
     return {k: v for k, v in r.__dict__.items() if k not in ("digest_seconds", "memo")}
 
 
-def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
-    """Four rank threads, two replicas of two shards (tests/training/test_ray_hsdp.py runs 1x2 and 2x2 on Ray)."""
-    topo = Topology(2, 2)
-    ctx = StepContext.build(four)
-    tokens = _tokens(four, ctx)
-    one = TrainState.fresh(init_params(four.model, four.train.seed))
+def _one_process(cfg, topo: Topology) -> tuple:
+    """(context, tokens, end state, [(result fields, state hash)] per step) of the one-process run on `topo`."""
+    ctx = StepContext.build(cfg)
+    tokens = _tokens(cfg, ctx)
+    one = TrainState.fresh(init_params(cfg.model, cfg.train.seed))
     want = []
     for i in range(STEPS):
         r = run_step(one, tokens[i], topo, ctx)
         want.append((_result(r), state_hash(state_entries(one, "{}", "c", {}))))
+    return ctx, tokens, one, want
+
+
+def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
+    """Four rank threads, two replicas of two shards (tests/training/test_ray_hsdp.py runs 1x2 and 2x2 on Ray)."""
+    topo = Topology(2, 2)
+    ctx, tokens, one, want = _one_process(four, topo)
 
     hubs = {"world": Hub(topo.world), "replica": [Hub(topo.dp_shard) for _ in range(topo.dp_replicate)],
             "shard": [Hub(topo.dp_replicate) for _ in range(topo.dp_shard)]}
@@ -227,3 +238,19 @@ def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
             state_entries(st, "{}", "c", {})
         with pytest.raises(ConfigError, match="slice of the optimizer state"):
             run_step(st, tokens[0], Topology(1, 1), ctx)
+
+
+def test_threaded_3x1_steps_equal_the_one_process_steps(four, one_thread):
+    """Three rank threads without HSDP (owning 2, 1 and 1 of each step's 4 windows): the exact sums meet on the
+    compact wire, and every rank gets the one-process results and state hash of topology 3x1."""
+    topo = Topology(3, 1)
+    ctx, tokens, _, want = _one_process(four, topo)
+    hubs = {"world": Hub(topo.world)}
+
+    def rank(r: int):
+        st = TrainState.fresh(init_params(four.model, four.train.seed))
+        return [(_result(run_step(st, tokens[i], topo, ctx, Rank(r, hubs))),
+                 state_hash(state_entries(st, "{}", "c", {}))) for i in range(STEPS)]
+
+    out = run_threads(topo.world, rank, [hubs["world"]])
+    assert out == [want] * topo.world
