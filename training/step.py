@@ -44,11 +44,11 @@ from training.config import RunConfig, Topology
 from kernels.digest import DigestMemo, PendingNamed, named_digest, tensor_digest
 from training.errors import ConfigError
 from training.model import forward, rope_for
-from training.optim import SpikeState, adamw_update, clip, spike_decision
+from training.optim import SpikeState, spike_decision
 from training.params import ParamSpec, spec_map
-from training.reduction import (Coord, exact_across_ranks, exact_sums, ordered_across_ranks, reduce_gradients,
-                                uniform_accum)
-from training.sharding import Shard, ShardedStep
+from training.reduction import Coord
+from training.sharding import Shard
+from training.strategies import read_partial_digests, strategy_for
 from kernels.ref.reduce import exact_mean
 
 F32 = torch.float32
@@ -206,17 +206,10 @@ def _stage_digests(per_mb: torch.Tensor, partial_digests: list, reduced: dict, c
                             **{f"m/{k}": v for k, v in state.m.items()}, **{f"v/{k}": v for k, v in state.v.items()}}}
     with clock.span():
         memo.queue([x for named in stages.values() for x in named.values()])
-    backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(_read(partial_digests))).encode()).hexdigest()
+    backward = blake3.blake3("".join(f"{w}:{d};" for w, d in sorted(read_partial_digests(partial_digests))).encode()).hexdigest()
     t0 = time.perf_counter()  # the wait above was for the step's work and the queued hashes, timed by the clock
     return {"forward": tensor_digest(per_mb), "backward": backward,
             **{k: named_digest(named, memo) for k, named in stages.items()}}, t0
-
-
-def _read(partial_digests: list | None) -> list | None:
-    """(windows, hex) for (windows, PendingNamed or hex): waits for the queued hashes."""
-    if partial_digests is None:
-        return None
-    return [(w, d if isinstance(d, str) else d.hex()) for w, d in partial_digests]
 
 
 def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: StepContext,
@@ -235,83 +228,34 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         raise ConfigError(f"step {step} would train on windows [{lo}, {hi}) past train.heldout_window="
                           f"{t.heldout_window}: the held-out slice; raise heldout_window or stop earlier")
     plan = microbatch_plan(step, topology, t.micro_batch, ctx.batch)
-    coords, weight = [c for c, _ in plan], weights(plan)
-    n = sum(weight)  # the partials the mean is over: the step's microbatches, or its windows (weights' doc)
-    sharded = None
-    if group is not None:
-        if topology.world != group.world:
-            raise ConfigError(f"real data parallelism: topology {topology.label()} has {topology.world} ranks, the "
-                              f"group {group.world}")
-        if t.reduction == "ordered":
-            if topology.dp_shard > 1:
-                raise ConfigError(f"train.reduction='ordered' with HSDP ({topology.label()}) on real workers: not "
-                                  f"wired; use 'exact' (the same bits on any mesh) or --dp-shard 1")
-            if set(weight) != {1}:
-                raise ConfigError("train.reduction='ordered': microbatches of different sizes (use 'exact')")
-            accum = uniform_accum(coords, topology)  # every rank the same count, before the plan is cut to mine
-        me = divmod(group.rank, topology.dp_shard)  # (replica, shard)
-        plan = [(c, w) for c, w in plan if (c.replica, c.shard) == me]  # possibly none: it adds zeros
-        if topology.dp_shard > 1:
-            sharded = ShardedStep(state, topology.dp_shard, group)
-    if state.shard is not None and sharded is None:
-        raise ConfigError(f"step {step}: this rank holds only a slice of the optimizer state (HSDP); topology "
-                          f"{topology.label()} needs the full state: restart from a checkpoint")
+    weight = weights(plan)
     params32 = {k: v.to(F32).requires_grad_(True) for k, v in state.params.items()}  # widened once per step
+    strategy = strategy_for(ctx, state, topology, plan, weight, group, params32)
     losses: list = []
     load: dict[str, torch.Tensor] = {}
     partial_digests = [] if t.stage_digests else None
     clock = _HashClock(tokens.device)
-    parts = _partials(params32, tokens, lo, plan, ctx, losses, partial_digests, load, clock)
-    if group is None:
-        reduced = reduce_gradients(parts, topology, coords, t.reduction, ctx.ops, weight)
-    else:
-        if t.reduction == "ordered":
-            reduced = ordered_across_ranks(parts, accum, topology.dp_replicate, group.all_reduce_ordered_)
-        elif sharded is not None:
-            sums = exact_sums(parts, ctx.ops, like=params32, weight=dict(zip(coords, weight)))
-            reduced = sharded.reduce(sums, n)  # my slice of it
-        else:
-            sums = exact_sums(parts, ctx.ops, like=params32, weight=dict(zip(coords, weight)))
-            reduced = exact_across_ranks(sums, n, group)
-        # every rank sees every microbatch's rows, digests and loads (in window order after the sort below)
-        mine = ([(w, x.tolist()) for w, x in losses], _read(partial_digests),
-                {k: v.tolist() for k, v in load.items()})
-        losses, partial_digests, load = [], [] if partial_digests is not None else None, {}
-        for rl, rd, rload in group.all_gather(mine):
-            losses += [(w, torch.tensor(x, dtype=F32)) for w, x in rl]
-            if partial_digests is not None:
-                partial_digests += rd
-            for layer, counts in rload.items():
-                c = torch.tensor(counts, dtype=torch.int64)
-                load[layer] = load[layer] + c if layer in load else c
+    reduced = strategy.reduce(_partials(params32, tokens, lo, strategy.plan, ctx, losses, partial_digests, load,
+                                        clock))
+    losses, partial_digests, load = strategy.gather(losses, partial_digests, load)
     # microbatches keyed by their windows: the stage digests name the same work under any mesh order
     losses.sort(key=lambda wl: wl[0])
     per_mb = torch.stack([x for _, x in losses])  # [microbatches, (loss, ce, z)] in window order
     means = exact_mean(per_mb, dim=0)
-    if sharded is None:
-        norm, coef, clipped = clip(reduced, t.clip_norm, ctx.ops)
-    else:
-        norm, coef, clipped = sharded.clip(reduced, t.clip_norm)
+    norm, coef, clipped = strategy.clip(reduced, t.clip_norm)
     lr = ctx.lr.at_step(step, ctx.batch)
     applied, triggered = spike_decision(float(norm), state.spike, t)
     if applied:
         state.adam_step += 1
-        if sharded is None:
-            adamw_update(state.params, clipped, state.m, state.v, ctx.specs, state.adam_step, lr, t, ctx.ops)
-        else:
-            sharded.update(state.params, clipped, ctx.specs, state.adam_step, lr, t)
-    if sharded is None:
-        state.grads = clipped
-    else:  # the writer gathers the full m, v and grads (and the mean for its digest); the others keep slices
-        reduced = sharded.settle(state, reduced, clipped, t.stage_digests)
-        clipped = state.grads
+        strategy.update(state, clipped, lr, t)
+    reduced, clipped = strategy.settle(state, reduced, clipped)
     state.step += 1
     state.tokens += (hi - lo) * ctx.cfg.model.seq_len
     memo = DigestMemo()
     digests, t0 = {}, time.perf_counter()
-    if t.stage_digests and (sharded is None or sharded.writer):
+    if t.stage_digests and strategy.writer:
         digests, t0 = _stage_digests(per_mb, partial_digests, reduced, clipped, state, memo, clock)
-    return StepResult(step, (lo, hi), topology.label(), len(coords), float(means[0]), float(means[1]), float(means[2]),
+    return StepResult(step, (lo, hi), topology.label(), len(plan), float(means[0]), float(means[1]), float(means[2]),
                       float(norm), float(coef), lr, applied, triggered, digests,
                       time.perf_counter() - t0 + clock.seconds(),
                       {k: [int(c) for c in v.tolist()] for k, v in load.items()}, memo)

@@ -1,0 +1,141 @@
+"""One reduction strategy per way a step's ranks exist, each with the same small interface, so that
+training/step.py's `run_step` reads straight through:
+
+- `Virtual`: every rank of the topology in this process (the trainer's default and the replay);
+- `Replicated`: a real data-parallel group, each rank holding the full state (S = 1): the exact wire
+  (collectives/exact_wire.py) or the ordered recursive-doubling all-reduce;
+- `Sharded`: HSDP on a real group (S > 1, training/sharding.py): each rank clips and updates its slice.
+
+`plan` (this process's microbatches), `reduce(parts)` (the mean gradient, or my slice of it), `gather(...)`
+(every rank's loss rows, partial digests and loads), `clip`, `update` (AdamW), `settle` (what the state keeps,
+and the full tensors the stage digests read), `writer` (whether this rank writes the digests).
+"""
+from __future__ import annotations
+
+import torch
+
+from training.config import Topology, TrainConfig
+from training.errors import ConfigError
+from training.optim import adamw_update, clip
+from training.reduction import (Coord, exact_across_ranks, exact_sums, ordered_across_ranks, reduce_gradients,
+                                uniform_accum)
+from training.sharding import ShardedStep
+
+F32 = torch.float32
+
+
+def read_partial_digests(partial_digests: list | None) -> list | None:
+    """(windows, hex) for (windows, PendingNamed or hex): waits for the queued hashes."""
+    if partial_digests is None:
+        return None
+    return [(w, d if isinstance(d, str) else d.hex()) for w, d in partial_digests]
+
+
+class Virtual:
+    """Every rank of `topology` in this process: the canonical reduction of training/reduction.py."""
+
+    writer = True
+
+    def __init__(self, ctx, topology: Topology, plan: list, weight: list[int]) -> None:
+        self.ctx, self.topology, self.plan, self.weight = ctx, topology, plan, weight
+        self.coords = [c for c, _ in plan]
+
+    def reduce(self, parts) -> dict[str, torch.Tensor]:
+        t = self.ctx.cfg.train
+        return reduce_gradients(parts, self.topology, self.coords, t.reduction, self.ctx.ops, self.weight)
+
+    def gather(self, losses: list, partial_digests: list | None, load: dict) -> tuple[list, list | None, dict]:
+        return losses, partial_digests, load
+
+    def clip(self, g: dict[str, torch.Tensor], max_norm: float):
+        return clip(g, max_norm, self.ctx.ops)
+
+    def update(self, state, clipped, lr: float, t: TrainConfig) -> None:
+        adamw_update(state.params, clipped, state.m, state.v, self.ctx.specs, state.adam_step, lr, t, self.ctx.ops)
+
+    def settle(self, state, reduced, clipped) -> tuple[dict, dict]:
+        state.grads = clipped
+        return reduced, clipped
+
+
+class Replicated(Virtual):
+    """A real group, every rank with the full state: this rank's microbatches, then one cross-rank reduction."""
+
+    def __init__(self, ctx, topology: Topology, plan: list, weight: list[int], group, params32: dict) -> None:
+        super().__init__(ctx, topology, plan, weight)
+        t = ctx.cfg.train
+        self.group, self.params32, self.n = group, params32, sum(weight)
+        if t.reduction == "ordered":
+            if set(weight) != {1}:
+                raise ConfigError("train.reduction='ordered': microbatches of different sizes (use 'exact')")
+            self.accum = uniform_accum(self.coords, topology)  # every rank the same count, before the cut
+        me = divmod(group.rank, topology.dp_shard)  # (replica, shard)
+        self.plan = [(c, w) for c, w in plan if (c.replica, c.shard) == me]  # possibly none: it adds zeros
+
+    def _sums(self, parts):
+        return exact_sums(parts, self.ctx.ops, like=self.params32, weight=dict(zip(self.coords, self.weight)))
+
+    def reduce(self, parts) -> dict[str, torch.Tensor]:
+        if self.ctx.cfg.train.reduction == "ordered":
+            return ordered_across_ranks(parts, self.accum, self.topology.dp_replicate, self.group.all_reduce_ordered_)
+        return exact_across_ranks(self._sums(parts), self.n, self.group)
+
+    def gather(self, losses: list, partial_digests: list | None, load: dict) -> tuple[list, list | None, dict]:
+        """Every rank's rows, digests and loads (JSON-able: the group sends them as JSON)."""
+        mine = ([(w, x.tolist()) for w, x in losses], read_partial_digests(partial_digests),
+                {k: v.tolist() for k, v in load.items()})
+        losses, partial_digests, load = [], [] if partial_digests is not None else None, {}
+        for rl, rd, rload in self.group.all_gather(mine):
+            losses += [(w, torch.tensor(x, dtype=F32)) for w, x in rl]
+            if partial_digests is not None:
+                partial_digests += rd
+            for layer, counts in rload.items():
+                c = torch.tensor(counts, dtype=torch.int64)
+                load[layer] = load[layer] + c if layer in load else c
+        return losses, partial_digests, load
+
+
+class Sharded(Replicated):
+    """HSDP on a real group (training/sharding.py): my slice of the mean gradient, of the clip and of AdamW."""
+
+    def __init__(self, ctx, topology: Topology, plan: list, weight: list[int], group, params32: dict,
+                 state) -> None:
+        if ctx.cfg.train.reduction == "ordered":
+            raise ConfigError(f"train.reduction='ordered' with HSDP ({topology.label()}) on real workers: not "
+                              f"wired; use 'exact' (the same bits on any mesh) or --dp-shard 1")
+        super().__init__(ctx, topology, plan, weight, group, params32)
+        self.step = ShardedStep(state, topology.dp_shard, group)
+        self.writer = self.step.writer
+
+    def reduce(self, parts) -> torch.Tensor:
+        return self.step.reduce(self._sums(parts), self.n)  # HSDP's reduce-scatter still moves the limbs
+
+    def clip(self, g: torch.Tensor, max_norm: float):
+        return self.step.clip(g, max_norm)
+
+    def update(self, state, clipped, lr: float, t: TrainConfig) -> None:
+        self.step.update(state.params, clipped, self.ctx.specs, state.adam_step, lr, t)
+
+    def settle(self, state, reduced, clipped) -> tuple[dict | None, dict]:
+        """The writer gathers the full m, v and grads (and the mean for its digest); the others keep slices."""
+        reduced = self.step.settle(state, reduced, clipped, self.ctx.cfg.train.stage_digests)
+        return reduced, state.grads
+
+
+def strategy_for(ctx, state, topology: Topology, plan: list[tuple[Coord, list[int]]], weight: list[int],
+                 group, params32: dict):
+    """The strategy for a step on `topology`: in this process (group None), replicated or sharded on `group`."""
+    if group is None:
+        strategy = Virtual(ctx, topology, plan, weight)
+    else:
+        if topology.world != group.world:
+            raise ConfigError(f"real data parallelism: topology {topology.label()} has {topology.world} ranks, the "
+                              f"group {group.world}")
+        if topology.dp_shard > 1:
+            strategy = Sharded(ctx, topology, plan, weight, group, params32, state)
+        else:
+            strategy = Replicated(ctx, topology, plan, weight, group, params32)
+    if state.shard is not None and not isinstance(strategy, Sharded):
+        raise ConfigError(f"step {state.step}: this rank holds only a slice of the optimizer state (HSDP); topology "
+                          f"{topology.label()} needs the full state: restart from a checkpoint")
+    return strategy
