@@ -38,3 +38,14 @@ def test_lost_member_fails_the_layer_and_a_rerun_resumes_it(ray_session, tiny_do
     assert read_manifest(out)["layers"] == {}
     sequential.run(small_spec(out, gang=2), donor=tiny_donor, data=tiny_data, cold=COLD)
     assert _digests(out) == _digests(clean)
+
+
+def test_gang_sizes_publish_identical_files_for_a_hugging_face_model(ray_session, hf_donor, hf_data, tmp_path):
+    from .conftest import hf_spec
+    donor = hf_donor("tiny-qwen2-moe")
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"gang{n}"
+        sequential.run(hf_spec("tiny-qwen2-moe", out, updates=2, layers=(0,), gang=n), donor=donor, data=hf_data)
+        runs[n] = _digests(out)
+    assert runs[1] == runs[2]

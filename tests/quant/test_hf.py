@@ -1,0 +1,124 @@
+"""Hugging Face MoE checkpoints end to end: tiny Mixtral and Qwen2-MoE models (committed, built by
+tests/quant/hf_models/build.py) quantized by the sequential pipeline (routing statistics, fit, PV, gates,
+publish), loaded back into transformers, generate() run, held-out CE compared; bad input refused whole."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from quant import sequential, store
+from quant.acceptance import scalar_baselines
+from quant.errors import ConfigError, FormatError, IntegrityError
+from quant.hf_checkpoint import open_checkpoint
+from quant.hf_donor import load_model
+from quant.hf_loader import ArvqExperts, heldout_ce, load_quantized, with_expert_weights
+
+from .conftest import HF_MODELS, hf_spec
+
+MODELS = ("tiny-mixtral", "tiny-qwen2-moe")
+CE_WINDOWS = 24
+
+
+@pytest.fixture(scope="module")
+def published(hf_donor, hf_data, tmp_path_factory):
+    """name -> (ARVQ init output, ARVQ + PV output, cold experts per layer), each published by quant run."""
+    out = {}
+    for name in MODELS:
+        root = tmp_path_factory.mktemp(name)
+        donor = hf_donor(name)
+        init = sequential.run(hf_spec(name, root / "init", updates=0), donor=donor, data=hf_data)
+        sequential.run(hf_spec(name, root / "pv"), donor=donor, data=hf_data)
+        out[name] = (root / "init", root / "pv", {layer: rec["cold"] for layer, rec in init.items()})
+    return out
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_quantized_model_generates_and_pv_beats_gptq(name, hf_donor, hf_data, published, capsys):
+    init_out, pv_out, cold = published[name]
+    donor = hf_donor(name)
+    # routing statistics on the calibration split: the most-loaded expert of each layer stays hot
+    load = donor.routing_load(hf_data)
+    for layer, experts in cold.items():
+        assert len(experts) == 3 and max(range(4), key=lambda e: (load[layer][e], -e)) not in experts
+    ck = open_checkpoint(HF_MODELS / name)
+    base = scalar_baselines(donor, cold, hf_data)
+    held = hf_data["held_out"][:CE_WINDOWS]
+    models = {"unquantized": load_model(ck),
+              "rtn2": with_expert_weights(load_model(ck), base["rtn2"]),
+              "gptq2": with_expert_weights(load_model(ck), base["gptq2"]),
+              "arvq_init": load_quantized(HF_MODELS / name, init_out),
+              "arvq_pv": load_quantized(HF_MODELS / name, pv_out)}
+    ce = {k: heldout_ce(m, held) for k, m in models.items()}
+    with capsys.disabled():
+        print(f"\n{name} held-out CE ({CE_WINDOWS} windows): " + ", ".join(f"{k} {v:.4f}" for k, v in ce.items()))
+    q = models["arvq_pv"]
+    for layer in cold:
+        experts = q.model.layers[layer].mlp.experts
+        assert isinstance(experts, ArvqExperts) and sorted(experts.slot) == cold[layer]
+    assert all(abs(ce[k] - ce["unquantized"]) > 0 for k in ("rtn2", "gptq2", "arvq_pv"))  # the swap took effect
+    assert abs(ce["arvq_pv"] - ce["unquantized"]) < abs(ce["gptq2"] - ce["unquantized"])
+    ids = q.generate(input_ids=held[:1, :8], max_new_tokens=8, do_sample=False)
+    assert ids.shape == (1, 16) and bool(((ids >= 0) & (ids < 512)).all())
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _one_line(exc) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_shard_is_refused_naming_it_and_nothing_is_published(tmp_path):
+    ck = _copy(HF_MODELS / "tiny-mixtral", tmp_path / "ck")
+    (ck / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FormatError) as exc:
+        sequential.run(sequential.RunSpec(model=str(ck), out=str(tmp_path / "out")))
+    assert "model-00002-of-00002.safetensors: missing shard" in _one_line(exc)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_layout_is_refused_naming_the_config(tmp_path):
+    ck = _copy(HF_MODELS / "tiny-qwen2-moe", tmp_path / "ck")
+    cfg = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    with pytest.raises(ConfigError) as exc:
+        sequential.run(sequential.RunSpec(model=str(ck), out=str(tmp_path / "out")))
+    assert "config.json: model_type 'llama' is not a supported MoE layout" in _one_line(exc)
+    assert not (tmp_path / "out").exists()
+    # an expert tensor absent from every shard is named too
+    cfg_ok = _copy(HF_MODELS / "tiny-qwen2-moe", tmp_path / "ck2")
+    idx = json.loads((cfg_ok / "model.safetensors.index.json").read_text())
+    idx["weight_map"]["model.layers.1.mlp.experts.3.up_proj.weight"] = "model-00003-of-00003.safetensors"
+    (cfg_ok / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(FormatError, match="model-00003-of-00003.safetensors: missing shard"):
+        open_checkpoint(cfg_ok)
+
+
+def test_digest_mismatches_are_refused_naming_the_file(published, tmp_path):
+    _, pv_out, _ = published["tiny-mixtral"]
+    # a published layer file changed: the loader names it, and no model is built
+    out = _copy(pv_out, tmp_path / "arvq")
+    f = out / "layer_0001" / "w2.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as exc:
+        load_quantized(HF_MODELS / "tiny-mixtral", out)
+    assert str(f) in _one_line(exc)
+    # a resumed run that finds it refuses too, before publishing anything more
+    before = (out / store.MANIFEST).read_bytes()
+    with pytest.raises(IntegrityError, match="w2.safetensors"):
+        store.load_layer(out, 1)
+    assert (out / store.MANIFEST).read_bytes() == before
+    # a checkpoint that is not the one quantized: the changed file is named
+    ck = _copy(HF_MODELS / "tiny-mixtral", tmp_path / "ck")
+    tok = json.loads((ck / "tokenizer.json").read_text())
+    (ck / "tokenizer.json").write_text(json.dumps(tok, indent=2))
+    with pytest.raises(IntegrityError) as exc:
+        load_quantized(ck, pv_out)
+    assert f"{ck / 'tokenizer.json'}: expected blake3" in _one_line(exc)
