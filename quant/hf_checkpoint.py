@@ -32,7 +32,7 @@ class Layout:
     """Where one architecture keeps its MoE block's parts, on disk and in the transformers module."""
     model_type: str
     block: str                      # the MoE block's name under model.layers.l (disk and module)
-    experts_key: str                # config key: number of routed experts
+    experts_keys: tuple[str, ...]   # config keys that may hold the number of routed experts
     gate_up_down: tuple[str, str, str]
     shared: bool                    # a sigmoid-gated shared expert (mlp.shared_expert, mlp.shared_expert_gate)
 
@@ -50,9 +50,12 @@ class Layout:
 
 
 LAYOUTS = {
-    "mixtral": Layout("mixtral", "block_sparse_moe", "num_local_experts", ("w1", "w3", "w2"), False),
-    "qwen2_moe": Layout("qwen2_moe", "mlp", "num_experts", ("gate_proj", "up_proj", "down_proj"), True),
-    "qwen3_moe": Layout("qwen3_moe", "mlp", "num_experts", ("gate_proj", "up_proj", "down_proj"), False),
+    "mixtral": Layout("mixtral", "block_sparse_moe", ("num_local_experts",), ("w1", "w3", "w2"), False),
+    # transformers 5 writes num_local_experts for Qwen3-MoE; the published Qwen configs say num_experts
+    "qwen2_moe": Layout("qwen2_moe", "mlp", ("num_experts", "num_local_experts"), ("gate_proj", "up_proj", "down_proj"),
+                        True),
+    "qwen3_moe": Layout("qwen3_moe", "mlp", ("num_experts", "num_local_experts"), ("gate_proj", "up_proj", "down_proj"),
+                        False),
 }
 
 
@@ -71,7 +74,7 @@ class Checkpoint:
 
     @property
     def n_experts(self) -> int:
-        return int(self.config[self.layout.experts_key])
+        return int(next(self.config[k] for k in self.layout.experts_keys if k in self.config))
 
     def tensor(self, name: str) -> torch.Tensor:
         """One tensor, float32, read from its shard (the file's own bits, before any transformers conversion)."""
@@ -107,6 +110,11 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise ConfigError(f"{path / 'config.json'}: model_type {cfg.get('model_type')!r} is not a supported MoE "
                           f"layout (supported: {', '.join(sorted(LAYOUTS))})")
     _moe_layers_only(path, cfg)
+    for key in ("num_hidden_layers", "hidden_size"):
+        if not isinstance(cfg.get(key), int):
+            raise FormatError(f"{path / 'config.json'}: {key} missing")
+    if not any(isinstance(cfg.get(k), int) for k in layout.experts_keys):
+        raise FormatError(f"{path / 'config.json'}: the number of experts ({' or '.join(layout.experts_keys)}) missing")
     if (path / INDEX).exists():
         weight_map = _json(path / INDEX, "the shard index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:

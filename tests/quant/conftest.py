@@ -90,11 +90,12 @@ def hf_donor():
     return get
 
 
-def hf_spec(model: str, out, updates: int = 4, **kw):
+def hf_spec(model: str, out, updates: int = 2, **kw):
     """A RunSpec for the tiny Hugging Face models, small enough for CI."""
     from quant.fit import FitConfig
     from quant.pv import PVConfig
     from quant.sequential import RunSpec
     pv = PVConfig(updates=updates, microbatches=2, micro_rows=256, reassign_every=2, validate_every=2)
-    return RunSpec(model=str(HF_MODELS / model), out=str(out), pv=pv, fit=FitConfig(sample_groups=1000),
+    return RunSpec(model=str(HF_MODELS / model), out=str(out), pv=pv,
+                   fit=FitConfig(sample_groups=1000, kmeans_iters=4, em_iters=4, beam=2),
                    compare=False, **kw)

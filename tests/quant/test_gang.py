@@ -1,5 +1,5 @@
-"""Expert-sharded gangs: N = 1, 2, 4 Ray actors publish the in-process bits; a member lost mid-layer
-fails that layer cleanly and a rerun resumes it to the same bits."""
+"""Expert-sharded gangs: N = 2, 4 Ray actors publish the in-process bits, N = 1 and 2 the same files for a
+Hugging Face model; a member lost mid-layer fails that layer cleanly and a rerun resumes it to the same bits."""
 import pytest
 
 from quant import sequential
@@ -21,11 +21,13 @@ def _digests(out):
 
 def test_gang_sizes_give_identical_tuned_weights(ray_session, tiny_donor, tiny_data, tmp_path):
     runs = {}
-    for n in (0, 1, 2, 4):  # 0: in process; 4 members for 3 experts: one owns none and still joins every sum
+    # 0: in process; 4 members for 3 experts: one owns none and still joins every sum (a gang of 1: the
+    # Hugging Face test below)
+    for n in (0, 2, 4):
         out = tmp_path / f"gang{n}"
         sequential.run(small_spec(out, gang=n), donor=tiny_donor, data=tiny_data, cold=COLD)
         runs[n] = _digests(out)
-    assert runs[1] == runs[0] and runs[2] == runs[0] and runs[4] == runs[0]
+    assert runs[2] == runs[0] and runs[4] == runs[0]
     assert read_manifest(tmp_path / "gang2")["layers"]["0"]["meta"]["reassign"][0]["proposed"] > 0
 
 

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from quant import sequential, store
-from quant.acceptance import scalar_baselines
 from quant.errors import ConfigError, FormatError, IntegrityError
+from quant.hf_acceptance import models, publish_both
 from quant.hf_checkpoint import open_checkpoint
-from quant.hf_donor import load_model
-from quant.hf_loader import ArvqExperts, heldout_ce, load_quantized, with_expert_weights
+from quant.hf_loader import ArvqExperts, heldout_ce, load_quantized
 
 from .conftest import HF_MODELS, hf_spec
 
@@ -23,14 +22,8 @@ CE_WINDOWS = 24
 @pytest.fixture(scope="module")
 def published(hf_donor, hf_data, tmp_path_factory):
     """name -> (ARVQ init output, ARVQ + PV output, cold experts per layer), each published by quant run."""
-    out = {}
-    for name in MODELS:
-        root = tmp_path_factory.mktemp(name)
-        donor = hf_donor(name)
-        init = sequential.run(hf_spec(name, root / "init", updates=0), donor=donor, data=hf_data)
-        sequential.run(hf_spec(name, root / "pv"), donor=donor, data=hf_data)
-        out[name] = (root / "init", root / "pv", {layer: rec["cold"] for layer, rec in init.items()})
-    return out
+    return {name: publish_both(hf_spec(name, tmp_path_factory.mktemp(name)), hf_donor(name), hf_data)
+            for name in MODELS}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -41,18 +34,12 @@ def test_quantized_model_generates_and_pv_beats_gptq(name, hf_donor, hf_data, pu
     load = donor.routing_load(hf_data)
     for layer, experts in cold.items():
         assert len(experts) == 3 and max(range(4), key=lambda e: (load[layer][e], -e)) not in experts
-    ck = open_checkpoint(HF_MODELS / name)
-    base = scalar_baselines(donor, cold, hf_data)
     held = hf_data["held_out"][:CE_WINDOWS]
-    models = {"unquantized": load_model(ck),
-              "rtn2": with_expert_weights(load_model(ck), base["rtn2"]),
-              "gptq2": with_expert_weights(load_model(ck), base["gptq2"]),
-              "arvq_init": load_quantized(HF_MODELS / name, init_out),
-              "arvq_pv": load_quantized(HF_MODELS / name, pv_out)}
-    ce = {k: heldout_ce(m, held) for k, m in models.items()}
+    ms = models(donor, hf_data, cold, init_out, pv_out)
+    ce = {k: heldout_ce(m, held) for k, m in ms.items()}
     with capsys.disabled():
         print(f"\n{name} held-out CE ({CE_WINDOWS} windows): " + ", ".join(f"{k} {v:.4f}" for k, v in ce.items()))
-    q = models["arvq_pv"]
+    q = ms["arvq_pv"]
     for layer in cold:
         experts = q.model.layers[layer].mlp.experts
         assert isinstance(experts, ArvqExperts) and sorted(experts.slot) == cold[layer]
