@@ -6,8 +6,9 @@ Before any module is touched: the checkpoint is checked (quant.hf_checkpoint), e
 from must have the blake3 the output recorded (a different or changed checkpoint is refused, naming the
 file), and every published layer is read back with its digests verified (quant.store). Then each MoE block's
 experts module becomes an ArvqExperts: the same forward signature as transformers' fused experts, the hot
-experts dense (the checkpoint's weights), the cold ones kept packed (rvq256_256x8: 2 x 8-bit indices per 8
-weights, FP4 atoms, E4M3 block scales) and decoded when a token reaches them.
+experts dense (the checkpoint's weights), the cold ones kept as codes (rvq256_256x8: 2 x 8-bit indices per 8
+weights, FP4 atoms, E4M3 block scales; buffers, so model.to(device) moves them) and decoded where they are
+when a token reaches them.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from torch import nn
 
 from quant import store
 from quant.errors import FormatError, IntegrityError
-from quant.format import RVQProjection, decode
+from quant.format import RVQProjection, decode_parts
+from quant.fp_formats import fp4_decode
 from quant.hf_checkpoint import Checkpoint, open_checkpoint
 from quant.hf_donor import load_model
 
@@ -32,17 +34,27 @@ class ArvqExperts(nn.Module):
                  n_experts: int, act: nn.Module) -> None:
         super().__init__()
         self.num_experts, self.act_fn = n_experts, act
-        self.packed = packed
         self.slot = {e: i for i, e in enumerate(packed["w13"].experts)}
-        self.hot = sorted(dense)
+        for p in PROJS:  # buffers: model.to(device) moves the codes, and decoding runs where they are
+            self.register_buffer(f"{p}_codebooks", packed[p].codebooks)
+            self.register_buffer(f"{p}_indices", packed[p].indices)
+            self.register_buffer(f"{p}_scales", packed[p].scales)
+            self.register_buffer(f"{p}_global", packed[p].global_scale)
         for e, (w13, w2) in dense.items():
             self.register_buffer(f"dense_{e}_w13", w13)
             self.register_buffer(f"dense_{e}_w2", w2)
 
-    def weights(self, e: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def decoded(self, e: int, projection: str) -> torch.Tensor:
+        """float32 weight of cold expert e's projection, decoded from its codes (quant.format's decoder)."""
+        s = self.slot[e]
+        books = fp4_decode(getattr(self, f"{projection}_codebooks")[s])
+        return decode_parts(books, getattr(self, f"{projection}_indices")[s], getattr(self, f"{projection}_scales")[s],
+                            getattr(self, f"{projection}_global"))
+
+    def weights(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13, w2) of expert e: a dense expert's tensors or a cold expert decoded from its codes."""
         if e in self.slot:
-            return tuple(decode(self.packed[p], self.slot[e]).to(device=device, dtype=dtype) for p in PROJS)
+            return tuple(self.decoded(e, p).to(dtype) for p in PROJS)
         return getattr(self, f"dense_{e}_w13"), getattr(self, f"dense_{e}_w2")
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -54,7 +66,7 @@ class ArvqExperts(nn.Module):
             hit = top_k_index == e
             rows = torch.nonzero(hit.any(dim=1)).flatten()
             gate = (top_k_weights * hit).sum(dim=1)[rows]
-            w13, w2 = self.weights(e, hidden_states.dtype, hidden_states.device)
+            w13, w2 = self.weights(e, hidden_states.dtype)
             g, u = nn.functional.linear(hidden_states[rows], w13).chunk(2, dim=-1)
             y = nn.functional.linear(self.act_fn(g) * u, w2) * gate[:, None].to(hidden_states.dtype)
             out.index_add_(0, rows, y)

@@ -106,8 +106,10 @@ def _inputs(donor, spec: RunSpec, data: dict | None) -> tuple[dict, dict, dict]:
 
 
 def open_donor(model: str):
-    """A Hugging Face checkpoint directory (it has a config.json) or one of the project's run directories."""
-    if (Path(model) / "config.json").exists():
+    """One of the project's run directories (it has checkpoints/) or a Hugging Face checkpoint directory (a
+    config.json and no checkpoints/)."""
+    path = Path(model)
+    if not (path / "checkpoints").is_dir() and (path / "config.json").exists():
         from quant.hf_donor import load_hf_donor
         return load_hf_donor(model)
     return load_donor(model)

@@ -7,8 +7,11 @@ import shutil
 import pytest
 import torch
 
+from app.cli import main
+from kernels.digest import bits_equal
 from quant import sequential, store
 from quant.errors import ConfigError, FormatError, IntegrityError
+from quant.format import decode
 from quant.hf_acceptance import models, publish_both
 from quant.hf_checkpoint import open_checkpoint
 from quant.hf_loader import ArvqExperts, heldout_ce, load_quantized
@@ -43,6 +46,9 @@ def test_quantized_model_generates_and_pv_beats_gptq(name, hf_donor, hf_data, pu
     for layer in cold:
         experts = q.model.layers[layer].mlp.experts
         assert isinstance(experts, ArvqExperts) and sorted(experts.slot) == cold[layer]
+        packed = store.load_layer(pv_out, layer)  # the module multiplies exactly the published weights
+        e = cold[layer][-1]
+        assert bits_equal(experts.decoded(e, "w2"), decode(packed["w2"], packed["w2"].slot(e)))
     assert all(abs(ce[k] - ce["unquantized"]) > 0 for k in ("rtn2", "gptq2", "arvq_pv"))  # the swap took effect
     assert abs(ce["arvq_pv"] - ce["unquantized"]) < abs(ce["gptq2"] - ce["unquantized"])
     ids = q.generate(input_ids=held[:1, :8], max_new_tokens=8, do_sample=False)
@@ -69,13 +75,17 @@ def test_missing_shard_is_refused_naming_it_and_nothing_is_published(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_unsupported_layout_is_refused_naming_the_config(tmp_path):
+def test_unsupported_layout_is_refused_naming_the_config(tmp_path, capsys):
     ck = _copy(HF_MODELS / "tiny-qwen2-moe", tmp_path / "ck")
     cfg = json.loads((ck / "config.json").read_text())
     (ck / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
     with pytest.raises(ConfigError) as exc:
         sequential.run(sequential.RunSpec(model=str(ck), out=str(tmp_path / "out")))
     assert "config.json: model_type 'llama' is not a supported MoE layout" in _one_line(exc)
+    assert not (tmp_path / "out").exists()
+    assert main(["quant", "run", "--model", str(ck), "--out", str(tmp_path / "out")]) == 2  # the CLI: one line
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "config.json: model_type 'llama'" in err and "\n" not in err
     assert not (tmp_path / "out").exists()
     # an expert tensor absent from every shard is named too
     cfg_ok = _copy(HF_MODELS / "tiny-qwen2-moe", tmp_path / "ck2")
@@ -86,7 +96,7 @@ def test_unsupported_layout_is_refused_naming_the_config(tmp_path):
         open_checkpoint(cfg_ok)
 
 
-def test_digest_mismatches_are_refused_naming_the_file(published, tmp_path):
+def test_digest_mismatches_are_refused_naming_the_file(published, hf_donor, hf_data, tmp_path):
     _, pv_out, _ = published["tiny-mixtral"]
     # a published layer file changed: the loader names it, and no model is built
     out = _copy(pv_out, tmp_path / "arvq")
@@ -97,10 +107,12 @@ def test_digest_mismatches_are_refused_naming_the_file(published, tmp_path):
     with pytest.raises(IntegrityError) as exc:
         load_quantized(HF_MODELS / "tiny-mixtral", out)
     assert str(f) in _one_line(exc)
-    # a resumed run that finds it refuses too, before publishing anything more
+    # a rerun that replays the published layers (no cache to start from) refuses the changed one
+    shutil.rmtree(out / "cache")
     before = (out / store.MANIFEST).read_bytes()
-    with pytest.raises(IntegrityError, match="w2.safetensors"):
-        store.load_layer(out, 1)
+    with pytest.raises(IntegrityError) as exc:
+        sequential.run(hf_spec("tiny-mixtral", out), donor=hf_donor("tiny-mixtral"), data=hf_data)
+    assert str(f) in _one_line(exc)
     assert (out / store.MANIFEST).read_bytes() == before
     # a checkpoint that is not the one quantized: the changed file is named
     ck = _copy(HF_MODELS / "tiny-mixtral", tmp_path / "ck")
