@@ -7,8 +7,9 @@ from must have the blake3 the output recorded (a different or changed checkpoint
 file), and every published layer is read back with its digests verified (quant.store). Then each MoE block's
 experts module becomes an ArvqExperts: the same forward signature as transformers' fused experts, the hot
 experts dense (the checkpoint's weights), the cold ones kept as codes (rvq256_256x8: 2 x 8-bit indices per 8
-weights, FP4 atoms, E4M3 block scales; buffers, so model.to(device) moves them) and decoded where they are
-when a token reaches them.
+weights, FP4 atoms, E4M3 block scales; buffers, so model.to(device) moves them) and used when a token reaches
+them: on CUDA through the Triton decode-and-multiply kernel (quant/rvq_triton.py), elsewhere decoded by
+quant.format's decoder and multiplied by F.linear.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class ArvqExperts(nn.Module):
                  n_experts: int, act: nn.Module) -> None:
         super().__init__()
         self.num_experts, self.act_fn = n_experts, act
+        self.kernel = "auto"  # "auto": Triton decode-and-multiply on CUDA, decode + F.linear elsewhere; or "triton", "torch"
         self.slot = {e: i for i, e in enumerate(packed["w13"].experts)}
         for p in PROJS:  # buffers: model.to(device) moves the codes, and decoding runs where they are
             self.register_buffer(f"{p}_codebooks", packed[p].codebooks)
@@ -51,6 +53,18 @@ class ArvqExperts(nn.Module):
         return decode_parts(books, getattr(self, f"{projection}_indices")[s], getattr(self, f"{projection}_scales")[s],
                             getattr(self, f"{projection}_global"))
 
+    def codes(self, e: int, projection: str) -> tuple[torch.Tensor, ...]:
+        """(codebooks, indices, scales, global) of cold expert e's projection: what quant.rvq_triton reads."""
+        s = self.slot[e]
+        return tuple(getattr(self, f"{projection}_{n}")[s] for n in ("codebooks", "indices", "scales")) + \
+            (getattr(self, f"{projection}_global"),)
+
+    def _cold(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Cold expert e on rows x through the Triton kernels (float32 inside)."""
+        from quant import rvq_triton
+        g, u = rvq_triton.linear(x, *self.codes(e, "w13")).chunk(2, dim=-1)
+        return rvq_triton.linear(self.act_fn(g) * u, *self.codes(e, "w2")).to(x.dtype)
+
     def weights(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13, w2) of expert e: a dense expert's tensors or a cold expert decoded from its codes."""
         if e in self.slot:
@@ -66,9 +80,14 @@ class ArvqExperts(nn.Module):
             hit = top_k_index == e
             rows = torch.nonzero(hit.any(dim=1)).flatten()
             gate = (top_k_weights * hit).sum(dim=1)[rows]
-            w13, w2 = self.weights(e, hidden_states.dtype)
-            g, u = nn.functional.linear(hidden_states[rows], w13).chunk(2, dim=-1)
-            y = nn.functional.linear(self.act_fn(g) * u, w2) * gate[:, None].to(hidden_states.dtype)
+            triton = self.kernel == "triton" or (self.kernel == "auto" and hidden_states.is_cuda)
+            if e in self.slot and triton:
+                y = self._cold(e, hidden_states[rows])
+            else:
+                w13, w2 = self.weights(e, hidden_states.dtype)
+                g, u = nn.functional.linear(hidden_states[rows], w13).chunk(2, dim=-1)
+                y = nn.functional.linear(self.act_fn(g) * u, w2)
+            y = y * gate[:, None].to(hidden_states.dtype)
             out.index_add_(0, rows, y)
         return out
 
