@@ -121,3 +121,12 @@ def test_digest_mismatches_are_refused_naming_the_file(published, hf_donor, hf_d
     with pytest.raises(IntegrityError) as exc:
         load_quantized(ck, pv_out)
     assert f"{ck / 'tokenizer.json'}: expected blake3" in _one_line(exc)
+
+
+def test_a_run_directory_stays_a_project_donor(tmp_path):
+    """A project run has a config.json too: its checkpoints/ makes it a run, never a Hugging Face checkpoint."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="no checkpoints"):
+        sequential.open_donor(str(run))

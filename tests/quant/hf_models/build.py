@@ -35,11 +35,12 @@ STEPS, BATCH, LR, SEED = 300, 16, 3e-3, 0
 
 def tokenizer(corpus: Path, path: Path) -> None:
     """A 512-token byte-level BPE on the corpus's documents (separator id 0), written to `path`."""
-    from quant.calib import _documents
-    from stream.tokenizer import TokenizerConfig, train_tokenizer
     import json
+    from stream.readers import read_documents
+    from stream.tokenizer import TokenizerConfig, train_tokenizer
     manifest = json.loads((corpus / "manifest.json").read_text())
-    docs = [d for s in manifest["sources"] for d in _documents(corpus, s)]
+    docs = [d for s in manifest["sources"] for sh in s["shards"]
+            for d in read_documents(corpus / sh["path"], s.get("text_column", "text")).texts]
     train_tokenizer(docs, path, TokenizerConfig(vocab_size=VOCAB))
 
 
