@@ -130,3 +130,36 @@ def test_a_run_directory_stays_a_project_donor(tmp_path):
     (run / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match="no checkpoints"):
         sequential.open_donor(str(run))
+
+
+def _tiny_qwen3_moe(path):
+    """A random-init Qwen3-MoE checkpoint built by transformers from a config (no download)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=128, moe_intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=4,
+                         num_experts_per_tok=2, eos_token_id=0, tie_word_embeddings=True)
+    Qwen3MoeForCausalLM(cfg).save_pretrained(path)
+    shutil.copy(HF_MODELS / "tiny-mixtral" / "tokenizer.json", path / "tokenizer.json")
+    return path
+
+
+@pytest.mark.parametrize("name", MODELS + ("qwen3-moe",))
+def test_frozen_plus_cold_experts_is_the_transformers_layer(name, hf_donor, tmp_path):
+    """block_parts' frozen part plus the cold experts in PV's arithmetic (float SwiGLU, BR GEMMs) with the
+    checkpoint's own weights reproduces transformers' decoder layer, per layout."""
+    from quant.hf_donor import load_hf_donor
+    from quant.student import expert_forward
+    donor = load_hf_donor(str(_tiny_qwen3_moe(tmp_path / "q3"))) if name == "qwen3-moe" else hf_donor(name)
+    h = donor.embed(torch.arange(96).reshape(2, 48) * 5 % 512)
+    ref = donor.block(0, h).reshape(-1, h.shape[-1])
+    cold = [0, 2, 3]
+    parts = donor.block_parts(0, h, cold)
+    y = parts.frozen
+    for e in cold:
+        rows = torch.nonzero((parts.topk == e).any(dim=1)).flatten()
+        gate = (parts.gates * (parts.topk == e)).sum(dim=1)[rows]
+        w13, w2 = donor.expert_weights(0, e)
+        y = y.index_add(0, rows, expert_forward(parts.f[rows], w13, w2, None) * gate[:, None])
+    assert float((y - ref).norm() / ref.norm()) < 1e-5
+    assert not torch.equal(parts.frozen, ref)  # the cold experts do contribute
