@@ -7,8 +7,9 @@ the documents under seed 42; the last `held_out_share` of each shuffle is held o
 held-out prompts) and never enters a split. The rest is joined with the separator (id 0) per source,
 cut into windows of seq_len + 1 tokens, and windows are drawn by the domain mix (token shares) into the
 train / val / audit splits. Exact-match purge: a training window that shares any `purge_ngram`-token run
-with a held-out prompt (or with extra held-out windows, e.g. the model's held-out CE set) is removed. The held-out documents, joined and cut
-the same way, are returned as 'held_out' windows: a held-out cross-entropy set no split has seen.
+with a held-out prompt (or with extra held-out windows, e.g. the model's held-out CE set) is removed.
+The held-out documents, joined and cut the same way, come back as 'held_out' windows: a held-out
+cross-entropy set no split has seen.
 quant does not import stream (layering): it reads the shard files the stream wrote, and verifies them.
 """
 from __future__ import annotations

@@ -71,7 +71,7 @@ class Donor:
         pre = f"layers.{layer}.moe.experts"
         return {e: (self.params[f"{pre}.{e}.w_gate_up.s_x"], self.params[f"{pre}.{e}.w_down.s_x"]) for e in experts}
 
-    def calibration(self, cfg: "CalibConfig") -> dict:
+    def calibration(self, cfg: CalibConfig) -> dict:
         """The calibration windows from the run's own corpus and window length, purged of its held-out CE set."""
         from dataclasses import replace
         from training.evaluate import heldout_tokens

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ms = models(donor, data, cold, init_out, pv_out)
     ce = {k: heldout_ce(ms[k], held) for k in VARIANTS}
     sample = ms["arvq_pv"].generate(input_ids=held[:1, :16], max_new_tokens=16, do_sample=False)[0].tolist()
-    rel = {int(k): v["meta"]["val_rel"] for k, v in json.loads((pv_out / "manifest.json").read_text())["layers"].items()}
+    published = json.loads((pv_out / "manifest.json").read_text())["layers"]
+    rel = {int(k): v["meta"]["val_rel"] for k, v in published.items()}
     res = {"model": a.model, "model_type": donor.ck.layout.model_type, "corpus": a.corpus, "cold": cold,
            "heldout_windows": int(held.shape[0]), "seq_len": int(held.shape[1] - 1), "ce": ce,
            "ce_vs_unquantized": {k: ce[k] - ce["unquantized"] for k in VARIANTS}, "pv_layer_val_rel": rel,

@@ -35,7 +35,8 @@ class ArvqExperts(nn.Module):
                  n_experts: int, act: nn.Module) -> None:
         super().__init__()
         self.num_experts, self.act_fn = n_experts, act
-        self.kernel = "auto"  # "auto": Triton decode-and-multiply on CUDA, decode + F.linear elsewhere; or "triton", "torch"
+        # "auto": the Triton decode-and-multiply kernel on CUDA, decode + F.linear elsewhere; or "triton", "torch"
+        self.kernel = "auto"
         self.slot = {e: i for i, e in enumerate(packed["w13"].experts)}
         for p in PROJS:  # buffers: model.to(device) moves the codes, and decoding runs where they are
             self.register_buffer(f"{p}_codebooks", packed[p].codebooks)
