@@ -52,9 +52,9 @@ def test_loaded_model_runs_its_arvq_experts_on_the_kernel(tmp_path):
     from tests.quant.conftest import HF_MODELS, hf_spec
     from quant.hf_donor import load_hf_donor
     from quant.calib import CalibConfig
+    from stream import build_demo
     donor = load_hf_donor(str(HF_MODELS / "tiny-mixtral"))
-    corpus = pytest.importorskip("stream").build_demo
-    corpus(tmp_path / "corpus", vocab_size=4096, progress=False)
+    build_demo(tmp_path / "corpus", vocab_size=4096, progress=False)
     data = donor.calibration(CalibConfig(corpus=str(tmp_path / "corpus"), train=16, val=4, audit=4))
     sequential.run(hf_spec("tiny-mixtral", tmp_path / "arvq", updates=0), donor=donor, data=data)
     ids = data["held_out"][:2]

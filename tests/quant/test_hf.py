@@ -30,7 +30,7 @@ def published(hf_donor, hf_data, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_quantized_model_generates_and_pv_beats_gptq(name, hf_donor, hf_data, published, capsys):
+def test_quantized_model_generates_and_pv_beats_gptq(name, hf_donor, hf_data, published, capsys, record_property):
     init_out, pv_out, cold = published[name]
     donor = hf_donor(name)
     # routing statistics on the calibration split: the most-loaded expert of each layer stays hot
@@ -40,6 +40,7 @@ def test_quantized_model_generates_and_pv_beats_gptq(name, hf_donor, hf_data, pu
     held = hf_data["held_out"][:CE_WINDOWS]
     ms = models(donor, hf_data, cold, init_out, pv_out)
     ce = {k: heldout_ce(m, held) for k, m in ms.items()}
+    record_property("heldout_ce", ce)  # in the JUnit report; printed too when the test runs alone (-s)
     with capsys.disabled():
         print(f"\n{name} held-out CE ({CE_WINDOWS} windows): " + ", ".join(f"{k} {v:.4f}" for k, v in ce.items()))
     q = ms["arvq_pv"]
