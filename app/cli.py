@@ -149,7 +149,8 @@ def _quant(args: argparse.Namespace) -> int:
         from quant.pv import PVConfig
         from quant.sequential import RunSpec, run_main
         pv = replace(PVConfig(), emulate=args.emulate, **_given(args, "updates", "micro_rows", "reassign_every"))
-        calib = CalibConfig(**({"train": args.calib_windows} if args.calib_windows is not None else {}))
+        calib = CalibConfig(**({"train": args.calib_windows} if args.calib_windows is not None else {}),
+                            **_given(args, "corpus"))
         spec = RunSpec(args.model, args.out, layers=tuple(parse_layers(args.layers)) if args.layers else None,
                        compare=not args.no_compare, pv=pv, calib=calib,
                        **_given(args, "target", "hot_per_layer", "gang", "boundary_weight"))
@@ -187,7 +188,8 @@ def _add_quant(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--tokens", type=int, help="synthetic: captured tokens per layer")
     f.add_argument("--top-k", type=int, help="synthetic: experts per token")
     r = qsub.add_parser("run", help="the sequential per-layer pipeline on a trained MoE run: fit, PV, gates, publish")
-    r.add_argument("--model", required=True, help="run directory of a trained MoE (e.g. runs/tiny-moe)")
+    r.add_argument("--model", required=True, help="run directory of a trained MoE (e.g. runs/tiny-moe), or a Hugging "
+                                                  "Face MoE checkpoint directory (Mixtral, Qwen2-MoE, Qwen3-MoE)")
     r.add_argument("--out", required=True, help="output directory; a rerun resumes after its published layers")
     r.add_argument("--layers", default=None, help="layer ids: 0, 0-1 or 0,1 (default: every MoE layer)")
     r.add_argument("--target", choices=("reference", "same_input"), help="PV target")
@@ -199,6 +201,8 @@ def _add_quant(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--emulate", action="store_true", help="FP4 activation planes + fp16 SwiGLU cold arithmetic")
     r.add_argument("--boundary-weight", type=float, help="loss weight of rows before a separator")
     r.add_argument("--calib-windows", type=int, help="calibration training windows")
+    r.add_argument("--corpus", help="calibration corpus directory for a Hugging Face checkpoint (default data/demo; "
+                                    "a run uses its own)")
     r.add_argument("--no-compare", action="store_true", help="skip the RTN/GPTQ 2-bit baselines")
     r.add_argument("--threads", type=COUNT, help="torch CPU threads (0: torch's default)")
     quant.set_defaults(func=_quant)

@@ -44,12 +44,13 @@ def hybrid_ce(donor, ids: torch.Tensor, cold_w: dict[int, dict[int, dict[str, to
 
 
 def scalar_baselines(donor, cold: dict, data: dict) -> dict[str, dict]:
-    """{'rtn2'|'gptq2': layer -> expert -> proj -> weight}, GPTQ Hessians from the donor's own trajectory."""
+    """{'rtn2'|'gptq2': layer -> expert -> proj -> weight}, GPTQ Hessians from the donor's own trajectory
+    (any donor: the project's run or a Hugging Face checkpoint)."""
     rope = donor.rope()
     out = {"rtn2": {}, "gptq2": {}}
-    h = {s: embed(donor, data[s][:, :-1]) for s in obj.SPLITS}
-    for layer in range(donor.cfg.model.n_layers):
-        w = {s: obj.row_weights(data[s][:, 1:]) for s in obj.SPLITS}
+    h = {s: donor.embed(data[s][:, :-1]) for s in obj.SPLITS}
+    for layer in range(donor.n_layers):
+        w = {s: obj.row_weights(data[s][:, 1:], donor.separator) for s in obj.SPLITS}
         prob = L.build_problem(donor, layer, cold[layer], {s: (h[s], h[s]) for s in obj.SPLITS}, w, "reference",
                                rope)
         cap = L.capture_of(donor, prob)
@@ -59,7 +60,7 @@ def scalar_baselines(donor, cold: dict, data: dict) -> dict[str, dict]:
         out["gptq2"][layer] = {e: {p: baselines.gptq(orig[e][p], expert_hessian(cap, p, e).h, glob[p],
                                                      f"layer {layer} expert {e} {p}") for p in PROJS}
                                for e in cold[layer]}
-        h = {s: donor_block(donor, layer, h[s], rope) for s in obj.SPLITS}
+        h = {s: donor.block(layer, h[s], rope) for s in obj.SPLITS}
     return out
 
 

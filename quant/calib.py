@@ -1,12 +1,15 @@
 """The deterministic calibration corpus (the ARVQ write-up, section 8), built from the project's embedded corpus.
 
 Documents come from the corpus's shards (each file's blake3 checked against its manifest first), tokenized
-with the corpus's own tokenizer (no special tokens, as the stream does). Per source, a Philox shuffle of
+with the corpus's own tokenizer (no special tokens, as the stream does), or with a model's own tokenizer.json
+(a Hugging Face donor: its ids, its end-of-text id as the separator). Per source, a Philox shuffle of
 the documents under seed 42; the last `held_out_share` of each shuffle is held out (the calibration's
 held-out prompts) and never enters a split. The rest is joined with the separator (id 0) per source,
 cut into windows of seq_len + 1 tokens, and windows are drawn by the domain mix (token shares) into the
 train / val / audit splits. Exact-match purge: a training window that shares any `purge_ngram`-token run
 with a held-out prompt (or with extra held-out windows, e.g. the model's held-out CE set) is removed.
+The held-out documents, joined and cut the same way, come back as 'held_out' windows: a held-out
+cross-entropy set no split has seen.
 quant does not import stream (layering): it reads the shard files the stream wrote, and verifies them.
 """
 from __future__ import annotations
@@ -75,19 +78,31 @@ def _ngrams(ids: np.ndarray, n: int) -> set[bytes]:
     return {row.tobytes() for row in v}
 
 
-def build(cfg: CalibConfig = CalibConfig(), extra_held_out: torch.Tensor | None = None) -> dict:
-    """{'train'|'val'|'audit': int64 windows [W, seq_len + 1], 'stats': provenance and counts}."""
+def _windows(enc: list[np.ndarray], separator: int, seq_len: int) -> np.ndarray:
+    buf = np.concatenate([np.append(e, separator) for e in enc]) if enc else np.zeros(0, dtype=np.int64)
+    w = len(buf) // (seq_len + 1)
+    return buf[: w * (seq_len + 1)].reshape(w, seq_len + 1)
+
+
+def build(cfg: CalibConfig = CalibConfig(), extra_held_out: torch.Tensor | None = None,
+          tokenizer: str | Path | None = None, separator: int = SEPARATOR) -> dict:
+    """{'train'|'val'|'audit'|'held_out': int64 windows [W, seq_len + 1], 'stats': provenance and counts}.
+    `tokenizer`: a tokenizer.json to use instead of the corpus's, `separator` its id joining documents."""
     from tokenizers import Tokenizer
     corpus = Path(cfg.corpus)
     manifest = json.loads((corpus / "manifest.json").read_text())
-    tok = Tokenizer.from_file(str(corpus / "tokenizer.json"))
+    tok_path = Path(tokenizer) if tokenizer is not None else corpus / "tokenizer.json"
+    tok = Tokenizer.from_file(str(tok_path))
     sources = {s["name"]: s for s in manifest["sources"]}
     unknown = [name for name, _ in cfg.mix if name not in sources]
     if unknown:
         raise ConfigError(f"CalibConfig.mix: sources {unknown} not in {corpus} (has {sorted(sources)})")
     held_grams: set[bytes] = set()
+    held_docs: list[np.ndarray] = []
     streams, stats = {}, {"config": asdict(cfg), "corpus_manifest_blake3": blake3.blake3(
         (corpus / "manifest.json").read_bytes()).hexdigest(), "sources": {}}
+    if tokenizer is not None:
+        stats["tokenizer_blake3"] = blake3.blake3(tok_path.read_bytes()).hexdigest()
     for si, (name, _) in enumerate(cfg.mix):
         docs = _documents(corpus, sources[name])
         order = _shuffle(len(docs), cfg.seed, si)
@@ -96,9 +111,9 @@ def build(cfg: CalibConfig = CalibConfig(), extra_held_out: torch.Tensor | None 
                                                                          add_special_tokens=False)]
         for e in enc[cut:]:
             held_grams |= _ngrams(e, cfg.purge_ngram)
-        buf = np.concatenate([np.append(e, SEPARATOR) for e in enc[:cut]])
-        w = len(buf) // (cfg.seq_len + 1)
-        streams[name] = buf[: w * (cfg.seq_len + 1)].reshape(w, cfg.seq_len + 1)
+        held_docs += enc[cut:]
+        streams[name] = _windows(enc[:cut], separator, cfg.seq_len)
+        w = len(streams[name])
         stats["sources"][name] = {"documents": len(docs), "held_out_documents": len(docs) - cut, "windows": w}
     if extra_held_out is not None:
         for row in extra_held_out.numpy():
@@ -125,5 +140,6 @@ def build(cfg: CalibConfig = CalibConfig(), extra_held_out: torch.Tensor | None 
         out[split] = torch.from_numpy(np.concatenate(rows)).to(torch.int64)
     stats["windows"] = {k: int(v.shape[0]) for k, v in out.items()}
     stats["blake3"] = {k: blake3.blake3(v.numpy().tobytes()).hexdigest() for k, v in out.items()}
+    out["held_out"] = torch.from_numpy(_windows(held_docs, separator, cfg.seq_len)).to(torch.int64)
     out["stats"] = stats
     return out

@@ -29,6 +29,7 @@ from kernels.ref.contraction import hp_matmul
 from kernels.ref.embedding import embedding
 from kernels.ref.rmsnorm import rmsnorm
 from kernels.ref.softmax import softmax
+from quant.calib import SEPARATOR, CalibConfig, build as build_calib
 from quant.errors import ConfigError, FormatError
 from quant.objective import routed_rows
 
@@ -42,10 +43,46 @@ class Donor:
     params: dict[str, torch.Tensor]
     source: str
     step: int
+    run: str | None = None  # the run directory: its hash log holds the expert load
 
     @property
     def n_experts(self) -> int:
         return self.cfg.model.moe.n_experts
+
+    @property
+    def n_layers(self) -> int:
+        return self.cfg.model.n_layers
+
+    @property
+    def separator(self) -> int:
+        return SEPARATOR
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return embed(self, ids)
+
+    def block(self, layer: int, h: torch.Tensor, rope) -> torch.Tensor:
+        return donor_block(self, layer, h, rope)
+
+    def block_parts(self, layer: int, h: torch.Tensor, cold: list[int], rope) -> "BlockParts":
+        return block_parts(self, layer, h, cold, rope)
+
+    def act_steps(self, layer: int, experts: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Each expert's learned activation steps (w_gate_up, w_down): the int8 linears' s_x."""
+        pre = f"layers.{layer}.moe.experts"
+        return {e: (self.params[f"{pre}.{e}.w_gate_up.s_x"], self.params[f"{pre}.{e}.w_down.s_x"]) for e in experts}
+
+    def calibration(self, cfg: CalibConfig) -> dict:
+        """The calibration windows from the run's own corpus and window length, purged of its held-out CE set."""
+        from dataclasses import replace
+        from training.evaluate import heldout_tokens
+        cfg = replace(cfg, corpus=self.cfg.train.corpus, seq_len=self.cfg.model.seq_len)
+        return build_calib(cfg, extra_held_out=heldout_tokens(self.cfg))
+
+    def routing_load(self, data: dict) -> dict[int, list[int]]:
+        """The run's own routing statistics: its hash log's expert_load (the calibration data is not needed)."""
+        if self.run is None:
+            raise ConfigError(f"donor {self.source}: no run directory, so no expert load; pass the cold experts")
+        return expert_load(self.run)
 
     def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_for(self.cfg.model, "cpu")
@@ -75,7 +112,7 @@ def load_donor(run: str | Path, step: int | None = None) -> Donor:
     except ValueError as exc:
         raise FormatError(f"{path / 'params.safetensors'}: {exc}") from None
     params = {k: v.to(F32) for k, v in load_file(str(path / "params.safetensors")).items()}
-    return Donor(cfg, params, str(path), step)
+    return Donor(cfg, params, str(path), step, str(run))
 
 
 def expert_load(run: str | Path) -> dict[int, list[int]]:

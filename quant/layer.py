@@ -15,7 +15,7 @@ import torch
 
 from quant import baselines, objective as obj, store
 from quant.capture import LayerCapture
-from quant.donor import Donor, block_parts, donor_block
+from quant.donor import Donor
 from quant.errors import FitError
 from quant.expert_sum import Reducer
 from quant.fit import FitConfig, fit_projection
@@ -36,17 +36,11 @@ def build_problem(donor: Donor, layer: int, cold: list[int], traj: dict, weights
         raise FitError(f"layer {layer}", f"--target must be one of {obj.TARGETS}, got {target!r}")
     splits = {}
     for name, (hs, hr) in traj.items():
-        parts = block_parts(donor, layer, hs, cold, rope)
+        parts = donor.block_parts(layer, hs, cold, rope)
         ref_in = hr if target == "reference" else hs
-        ref = donor_block(donor, layer, ref_in, rope).reshape(parts.f.shape)
+        ref = donor.block(layer, ref_in, rope).reshape(parts.f.shape)
         splits[name] = obj.Split(parts.f, parts.topk, parts.gates, parts.frozen, ref, weights[name])
-    return obj.make_problem(layer, cold, splits, act_steps(donor, layer, cold))
-
-
-def act_steps(donor: Donor, layer: int, experts: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Each expert's learned activation steps (w_gate_up, w_down): the int8 linears' s_x."""
-    pre = f"layers.{layer}.moe.experts"
-    return {e: (donor.params[f"{pre}.{e}.w_gate_up.s_x"], donor.params[f"{pre}.{e}.w_down.s_x"]) for e in experts}
+    return obj.make_problem(layer, cold, splits, donor.act_steps(layer, cold))
 
 
 def capture_of(donor: Donor, problem: obj.LayerProblem) -> LayerCapture:
@@ -138,10 +132,10 @@ def export_checked(problem: obj.LayerProblem, states: list[ExpertState], cfg: PV
 def student_step(donor: Donor, layer: int, h: torch.Tensor, cold_w: dict[int, dict[str, torch.Tensor]],
                  emulate: bool, rope) -> torch.Tensor:
     """The hybrid block on residual h [W, T, D]: frozen + the given cold experts (student trajectory)."""
-    parts = block_parts(donor, layer, h, list(cold_w), rope)
+    parts = donor.block_parts(layer, h, list(cold_w), rope)
     s = obj.Split(parts.f, parts.topk, parts.gates, parts.frozen, parts.frozen, torch.ones(parts.f.shape[0]))
     with torch.no_grad():
-        steps = act_steps(donor, layer, list(cold_w))
+        steps = donor.act_steps(layer, list(cold_w))
         cold = Reducer().expert_sum([_contrib(s, e, w["w13"], w["w2"], steps[e], emulate)
                                      for e, w in cold_w.items()], tuple(parts.f.shape))
     return (parts.frozen + cold).reshape(h.shape)

@@ -141,12 +141,14 @@ student/reference trajectories, blake3 in the manifest) and run_log.jsonl.
   serialized-replay check, rolling cache, atomic publish with digests re-verified, resume
   (`python -m app quant run --model RUN --out DIR [--gang N]`).
 - `expert_sum.py`, `gang.py`: the coupled output as an exact fixed-point sum over experts (bits independent
-  of the owner and of N), N Ray actors in a placement group over gloo. tests/quant/test_gang.py: N = 1, 2, 4
-  publish the in-process bits (files and float latents); a member killed mid-layer fails it with GangError,
-  a rerun resumes it to the same bits.
+  of the owner and of N), N Ray actors in a placement group over gloo. tests/quant/test_gang.py: N = 2, 4
+  publish the in-process bits (files and float latents), N = 1 and 2 the same files on a Hugging Face model;
+  a member killed mid-layer fails it with GangError, a rerun resumes it to the same bits.
   On the trained model too: `quant run --layers 0 --updates 20 --calib-windows 64` with `--gang 2` and in
   process (2 torch threads) published identical files and latents (w13 63cbe828..., latents 78d4f6ee...).
 - `calib.py`: the calibration corpus (seed 42, domain mix, held-out documents, exact-match purge).
+- Hugging Face MoE checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE) as donors, the output layout and the loader
+  into `transformers`: docs/quant-hf.md.
 
 ## Choices that are ours (the ARVQ write-up is silent or does not fit this model)
 

@@ -25,7 +25,7 @@ from safetensors.torch import load as st_load, save as st_save
 
 from kernels.digest import bits_equal, digest_many
 from quant import calib, layer as L, store
-from quant.donor import Donor, cold_from_load, donor_block, embed, expert_load, load_donor
+from quant.donor import Donor, cold_from_load, load_donor
 from quant.errors import ConfigError, IntegrityError
 from quant.fit import FitConfig, config_dict
 from quant.objective import SPLITS, row_weights
@@ -98,24 +98,36 @@ def _load_cache(out: Path, layer: int, digest: str) -> dict | None:
     return {s: (t[f"{s}/student"], t[f"{s}/reference"]) for s in SPLITS}
 
 
-def _inputs(donor: Donor, spec: RunSpec, data: dict | None) -> tuple[dict, dict, dict]:
-    if data is None:
-        from training.evaluate import heldout_tokens
-        cfg = calib.CalibConfig(**{**asdict(spec.calib), "corpus": donor.cfg.train.corpus,
-                                   "seq_len": donor.cfg.model.seq_len})
-        data = calib.build(cfg, extra_held_out=heldout_tokens(donor.cfg))
-    traj = {s: (embed(donor, data[s][:, :-1]),) * 2 for s in SPLITS}
-    weights = {s: row_weights(data[s][:, 1:], 0, spec.boundary_weight) for s in SPLITS}
-    return traj, weights, data.get("stats", {})
+def _inputs(donor, spec: RunSpec, data: dict | None) -> tuple[dict, dict, dict]:
+    data = data if data is not None else donor.calibration(spec.calib)
+    traj = {s: (donor.embed(data[s][:, :-1]),) * 2 for s in SPLITS}
+    weights = {s: row_weights(data[s][:, 1:], donor.separator, spec.boundary_weight) for s in SPLITS}
+    return traj, weights, data
+
+
+def open_donor(model: str):
+    """One of the project's run directories (it has checkpoints/) or a Hugging Face checkpoint directory (a
+    config.json and no checkpoints/)."""
+    path = Path(model)
+    if not (path / "checkpoints").is_dir() and (path / "config.json").exists():
+        from quant.hf_donor import load_hf_donor
+        return load_hf_donor(model)
+    return load_donor(model)
+
+
+def donor_files(donor) -> dict[str, str]:
+    """blake3 of each file the donor was read from (a Hugging Face checkpoint's; {} for a project run)."""
+    ck = getattr(donor, "ck", None)
+    return dict(ck.files) if ck is not None else {}
 
 
 def advance(donor: Donor, layer: int, traj: dict, cold_w: dict | None, emulate: bool, rope) -> dict:
     """Both trajectories through one layer; cold_w None = the layer is not quantized (student = donor)."""
     out = {}
     for s, (hs, hr) in traj.items():
-        hs2 = donor_block(donor, layer, hs, rope) if cold_w is None else \
+        hs2 = donor.block(layer, hs, rope) if cold_w is None else \
             L.student_step(donor, layer, hs, cold_w, emulate, rope)
-        out[s] = (hs2, donor_block(donor, layer, hr, rope))
+        out[s] = (hs2, donor.block(layer, hr, rope))
     return out
 
 
@@ -124,15 +136,16 @@ def run(spec: RunSpec, console: Console | None = None, *, donor: Donor | None = 
     """The pipeline; returns {layer: record}. Resumes from OUT's manifest. `donor`, `data` (calibration
     windows per split) and `cold` (experts per layer) replace what spec.model would give (tests)."""
     console = console or Console()
+    donor = donor or open_donor(spec.model)   # a bad checkpoint is refused before OUT is touched
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     log = _Log(out / "run_log.jsonl")
-    donor = donor or load_donor(spec.model)
-    n_layers = donor.cfg.model.n_layers
+    n_layers = donor.n_layers
     layers = sorted(spec.layers) if spec.layers is not None else list(range(n_layers))
     if not layers or layers[0] < 0 or layers[-1] >= n_layers:
         raise ConfigError(f"--layers: the model has layers 0..{n_layers - 1}, got {layers}")
-    cold = cold or cold_from_load(expert_load(spec.model), spec.hot_per_layer)
+    traj0, weights, data = _inputs(donor, spec, data)
+    cold = cold or cold_from_load(donor.routing_load(data), spec.hot_per_layer)
     manifest = store.read_manifest(out)
     fp = spec.fingerprint()
     for k, rec in manifest["layers"].items():
@@ -147,10 +160,8 @@ def run(spec: RunSpec, console: Console | None = None, *, donor: Donor | None = 
         traj = _load_cache(out, last, manifest["layers"][str(last)]["meta"]["cache_blake3"])
         start = last + 1 if traj is not None else 0
         log("resume", published=done, from_cache=traj is not None)
-    if traj is None:
-        traj, weights, stats = _inputs(donor, spec, data)
-    else:
-        _, weights, stats = _inputs(donor, spec, data)
+    traj = traj if traj is not None else traj0
+    stats = data.get("stats", {})
     records = {int(k): v["meta"] for k, v in manifest["layers"].items()}
     gang = None
     try:
@@ -209,7 +220,7 @@ def _one_layer(donor, spec, layer, cold, traj, weights, rope, out, log, gang) ->
            "arvq_pv": gates["val_final"]}, "gates": gates, "pv": {k: result[k] for k in
            ("initial_val_rel", "best_val_rel", "best_update", "stop")}, "reassign": result["reassign"],
            "history": hist, "cache_blake3": cache, "tuned_latents_blake3": latents,
-           "seconds": time.perf_counter() - t0, "gang": spec.gang,
+           "seconds": time.perf_counter() - t0, "gang": spec.gang, "donor_files": donor_files(donor),
            "fit_config": config_dict(spec.fit)}
     store.write_layer(out, layer, projs, meta=rec)
     back = store.load_layer(out, layer)  # digests re-verified from disk

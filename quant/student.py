@@ -161,14 +161,17 @@ def fp16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float16).to(F32)
 
 
-def expert_forward(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, steps: tuple[torch.Tensor, torch.Tensor],
-                   emulate: bool = False) -> torch.Tensor:
+def expert_forward(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                   steps: tuple[torch.Tensor, torch.Tensor] | None, emulate: bool = False) -> torch.Tensor:
     """A cold expert on its routed rows x [n, D] -> [n, D] (differentiable in w13, w2).
 
     Default: the donor's own arithmetic with the weights swapped, int8 W8A8 linears with the expert's
     learned activation steps `steps` (training.model.ffn), so unquantized weights give the donor's bits.
     emulate=True: the ARVQ write-up's serving emulation instead (FP4 activation planes, fp32 GEMM, fp16 SwiGLU).
+    steps None: a float SwiGLU expert (a Hugging Face donor's), its two GEMMs as BR hp_matmul contractions.
     """
+    if steps is None and not emulate:
+        return hp_matmul(swiglu(hp_matmul(x, w13.t())), w2.t())
     if not emulate:
         return int8_linear(swiglu(int8_linear(x, w13, steps[0])), w2, steps[1])
     x = _Straight.apply(x, fp4_planes(x.detach()))

@@ -61,3 +61,41 @@ def small_spec(out, **kw):
     pv = PVConfig(updates=kw.pop("updates", 4), microbatches=2, micro_rows=256, reassign_every=2, validate_every=2)
     return RunSpec(model="init:7", out=str(out), layers=kw.pop("layers", (0,)), pv=pv,
                    fit=FitConfig(sample_groups=1000), compare=kw.pop("compare", False), **kw)
+
+
+HF_MODELS = __import__("pathlib").Path(__file__).parent / "hf_models"   # written by hf_models/build.py
+
+
+@pytest.fixture(scope="session")
+def hf_data(demo_corpus):
+    """Calibration windows (train 16, val 4, audit 4, held_out) of the demo corpus read with the tiny Hugging
+    Face models' tokenizer (both models share one tokenizer.json, so one build serves both)."""
+    from quant.calib import CalibConfig, build
+    tok = [(HF_MODELS / m / "tokenizer.json").read_bytes() for m in ("tiny-mixtral", "tiny-qwen2-moe")]
+    assert tok[0] == tok[1]
+    return build(CalibConfig(corpus=str(demo_corpus), train=16, val=4, audit=4),
+                 tokenizer=HF_MODELS / "tiny-mixtral" / "tokenizer.json", separator=0)
+
+
+@pytest.fixture(scope="session")
+def hf_donor():
+    """name -> the loaded Hugging Face donor (each loaded once per session)."""
+    from quant.hf_donor import load_hf_donor
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = load_hf_donor(str(HF_MODELS / name))
+        return cache[name]
+    return get
+
+
+def hf_spec(model: str, out, updates: int = 2, **kw):
+    """A RunSpec for the tiny Hugging Face models, small enough for CI."""
+    from quant.fit import FitConfig
+    from quant.pv import PVConfig
+    from quant.sequential import RunSpec
+    pv = PVConfig(updates=updates, microbatches=2, micro_rows=256, reassign_every=2, validate_every=2)
+    return RunSpec(model=str(HF_MODELS / model), out=str(out), pv=pv,
+                   fit=FitConfig(sample_groups=1000, kmeans_iters=4, em_iters=4, beam=2),
+                   compare=False, **kw)
