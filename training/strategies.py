@@ -124,13 +124,16 @@ class Sharded(Replicated):
 
 def strategy_for(ctx, state, topology: Topology, plan: list[tuple[Coord, list[int]]], weight: list[int],
                  group, params32: dict):
-    """The strategy for a step on `topology`: in this process (group None), replicated or sharded on `group`."""
-    if group is None:
+    """The strategy for a step on `topology`: in this process (no group, or a group of one), replicated or sharded
+    on `group`."""
+    if group is not None and topology.world != group.world:
+        raise ConfigError(f"real data parallelism: topology {topology.label()} has {topology.world} ranks, the "
+                          f"group {group.world}")
+    if group is None or group.world == 1:
+        # a group of one exchanges nothing: its rank is the whole topology, as in the one-process trainer (no
+        # encode, no collective, no host round trip on the GPU; the same bits, since a sum of one partial is itself)
         strategy = Virtual(ctx, topology, plan, weight)
     else:
-        if topology.world != group.world:
-            raise ConfigError(f"real data parallelism: topology {topology.label()} has {topology.world} ranks, the "
-                              f"group {group.world}")
         if topology.dp_shard > 1:
             strategy = Sharded(ctx, topology, plan, weight, group, params32, state)
         else:

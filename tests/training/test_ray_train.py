@@ -111,3 +111,27 @@ def test_workers_option_and_refusals(cfg1, one_thread):
     for workers, shard in (((2, 3), 2), ((3, 3), 2), ((2, 2), 0)):
         with pytest.raises(ConfigError, match="--dp-shard"):
             train_ray(cfg1, "/nonexistent/run", TrainOptions(1, progress=False), workers, dp_shard=shard)
+
+
+def test_group_of_one_exchanges_nothing(cfg1, one_thread):
+    """One worker's group is the whole topology: its step calls no collective and has the one-process step's
+    bits (the Ray Train path on one GPU pays no encode, exchange or host round trip)."""
+    import torch
+
+    from kernels.digest import digest_many
+    from training.init import init_params
+    from training.step import StepContext, TrainState, run_step
+
+    class Group:
+        rank, world = 0, 1
+
+        def __getattr__(self, name):
+            raise AssertionError(f"a group of one called {name}")
+
+    ctx = StepContext.build(cfg1)
+    tokens = torch.randint(0, cfg1.model.vocab_size, (2, cfg1.model.seq_len + 1), dtype=torch.int64,
+                           generator=torch.Generator().manual_seed(3))
+    states = [TrainState.fresh(init_params(cfg1.model, cfg1.train.seed)) for _ in range(2)]
+    results = [run_step(states[0], tokens, Topology(1, 1), ctx), run_step(states[1], tokens, Topology(1, 1), ctx, Group())]
+    assert results[0].digests == results[1].digests and results[0].digests
+    assert digest_many(states[0].params) == digest_many(states[1].params)
