@@ -1,5 +1,12 @@
-"""The same model in stock PyTorch float32 (nn.Linear, SDPA, torch RMSNorm, torch.optim.AdamW): the speed
-baseline of benchmarks/train_step.py. Same shapes, same recipe; no BR ops, no int8, no hashing."""
+"""The same model in stock PyTorch float32 (nn.Linear, SDPA or flex attention, torch RMSNorm, torch.optim.AdamW): the
+speed baseline of benchmarks/train_step.py and benchmarks/train_throughput.py. Same shapes, same recipe; no BR ops,
+no int8, no hashing.
+
+`attention`: "sdpa" (scaled_dot_product_attention with the sliding window as a boolean mask: the fused kernels
+take the mask, FlashAttention's does not), "flex" (flex_attention with a block mask that skips the tiles outside
+the window: the stock way to a windowed flash kernel; it needs torch.compile and a GPU to be fast) or "mixed"
+(flex on the windowed layers, SDPA's causal flash kernel on the global ones).
+"""
 from __future__ import annotations
 
 import torch
@@ -42,7 +49,12 @@ class Block(nn.Module):
         v = v.view(b, t, c.n_kv_heads, c.head_dim).transpose(1, 2)
         q = _rot(F.rms_norm(q, (c.head_dim,), eps=c.norm_eps), *rope)
         k = _rot(F.rms_norm(k, (c.head_dim,), eps=c.norm_eps), *rope)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        if isinstance(mask, torch.Tensor) or mask is None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        else:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            o = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
         h = h + self.wo(o.transpose(1, 2).reshape(b, t, -1))
         g, u = self.w_gate_up(self.ffn_norm(h)).chunk(2, dim=-1)
         return h + self.w_down(F.silu(g) * u)
@@ -51,9 +63,12 @@ class Block(nn.Module):
 class StockModel(nn.Module):
     """Dense OPEN-1B-shaped transformer in plain float32 PyTorch."""
 
-    def __init__(self, c: ModelConfig) -> None:
+    def __init__(self, c: ModelConfig, attention: str = "sdpa") -> None:
         super().__init__()
-        self.c = c
+        if attention not in ("sdpa", "flex", "mixed"):
+            raise ValueError(f"StockModel: attention must be 'sdpa', 'flex' or 'mixed', got {attention!r}")
+        self.c, self.attention = c, attention
+        self._block_masks: dict = {}
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.embed_norm, self.final_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps), nn.RMSNorm(c.d_model, eps=c.norm_eps)
         self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
@@ -69,12 +84,29 @@ class StockModel(nn.Module):
         x, y = ids[:, :-1], ids[:, 1:]
         t = x.shape[1]
         h = self.embed_norm(self.embed(x))
-        i = torch.arange(t, device=h.device)
         for blk in self.blocks:
-            w = self.c.window_of(blk.i)
-            mask = None if w is None else (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - w)
-            h = blk(h, (self.cos[:t], self.sin[:t]), mask)
+            h = blk(h, (self.cos[:t], self.sin[:t]), self._mask(self.c.window_of(blk.i), t, h.device))
         logits = self.head(self.final_norm(h)).flatten(0, 1)
         lse = torch.logsumexp(logits, dim=-1)
         ce = F.cross_entropy(logits, y.flatten())
         return ce + z_loss * (lse * lse).mean()
+
+    def prepare(self, t: int) -> "StockModel":
+        """Flex: build the block masks of sequence length t on the model's device once, outside torch.compile."""
+        if self.attention != "sdpa":
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            for w in {self.c.window_of(i) for i in range(self.c.n_layers)}:
+                def visible(b, h, q, kv, w=w):
+                    return (kv <= q) if w is None else (kv <= q) & (kv > q - w)
+
+                self._block_masks[(w, t)] = create_block_mask(visible, None, None, t, t, device=self.cos.device)
+        return self
+
+    def _mask(self, w: int | None, t: int, device: torch.device):
+        """SDPA: None (causal) or the [t, t] window mask; flex: the block mask `prepare` built; mixed: flex's
+        for a window, SDPA's None for a global layer."""
+        if self.attention == "flex" or (self.attention == "mixed" and w is not None):
+            return self._block_masks[(w, t)]
+        i = torch.arange(t, device=device)
+        return None if w is None else (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - w)
