@@ -246,7 +246,7 @@ def bench_pipelined(c: ModelConfig, batch: int, accum: int, batches, warmup: int
     def steps(ids_list, mode):
         pending = None
         for ids in ids_list:
-            r = run_step(st, ids, Topology(), ctx, before_update=pending.fence if pending is not None else None)
+            r = run_step(st, ids, Topology(), ctx)
             if mode == "nohash":
                 continue
             entries = state_entries(st, cj, code, {"window": st.step})

@@ -213,14 +213,12 @@ def _stage_digests(per_mb: torch.Tensor, partial_digests: list, reduced: dict, c
 
 
 def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: StepContext,
-             group=None, before_update=None) -> StepResult:
+             group=None) -> StepResult:
     """Run step `state.step` on its windows `tokens` [windows, seq_len + 1] (int64, in window order); in place.
 
     `group` (optional): a real data-parallel group with .rank, .world, .all_reduce_sum_(tensor),
     .all_reduce_max_(tensor), .all_gather(obj) -> list and, for dp_shard > 1, .mesh(dp_shard) -> (replica group,
-    shard group) of collectives.CollectiveGroup; this process then runs only its rank's microbatches (module doc).
-    `before_update` (optional): called before the step's first write to the state's tensors (until then it only
-    reads them): the previous step's state hash, still running beside this step on the GPU, is waited for there."""
+    shard group) of collectives.CollectiveGroup; this process then runs only its rank's microbatches (module doc)."""
     t = ctx.cfg.train
     step = state.step
     lo, hi = ctx.batch.window_range(step)
@@ -245,8 +243,6 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     per_mb = torch.stack([x for _, x in losses])  # [microbatches, (loss, ce, z)] in window order
     means = exact_mean(per_mb, dim=0)
     norm, coef, clipped = strategy.clip(reduced, t.clip_norm)
-    if before_update is not None:
-        before_update()
     lr = ctx.lr.at_step(step, ctx.batch)
     applied, triggered = spike_decision(float(norm), state.spike, t)
     if applied:

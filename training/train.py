@@ -110,7 +110,6 @@ class Trainer:
         self.state, self.prev = self._resume() if resume else self._fresh()
         self.log = JsonlLog(self.out / HASHLOG) if writer else _NullLog()
         self._reader = StateHashReader()
-        self._fence = None  # the last queued state hash's: the next step waits for it before writing the state
 
     # -- run directory, start, resume -------------------------------------------------------------------
     def _check_steps(self) -> None:
@@ -213,14 +212,13 @@ class Trainer:
         lo, hi = self.ctx.batch.window_range(step)
         t0 = time.perf_counter()
         tokens = torch.from_numpy(self.stream.windows(lo, hi)).to(torch.int64).to(self.ctx.device)
-        r = run_step(self.state, tokens, self.opts.topology, self.ctx, self.group, before_update=self._fence)
+        r = run_step(self.state, tokens, self.opts.topology, self.ctx, self.group)
         if not self.writer:  # nothing to log; on HSDP this rank does not even hold the full state
             return _Queued(r, self.state.tokens, (hi - lo) * self.cfg.model.seq_len, t0, time.perf_counter())
         t1 = time.perf_counter()
         entries = state_entries(self.state, self.identity, self.code,
                                 self.stream.state_for_step(step + 1, self.ctx.batch))
         queued = queue_state_hash(entries, r.memo)
-        self._fence = queued.fence
         return _Queued(r, self.state.tokens, (hi - lo) * self.cfg.model.seq_len, t0, t1, queued,
                        time.perf_counter() - t1)
 
