@@ -156,6 +156,7 @@ def run(spec: RunSpec, console: Console | None = None, *, donor: Donor | None = 
     done = [x for x in layers if str(x) in manifest["layers"]]
     start, traj = 0, None
     if done:
+        store.verify_files(out, manifest)  # a resumed run stands on every published file, cached trajectory or not
         last = done[-1]
         traj = _load_cache(out, last, manifest["layers"][str(last)]["meta"]["cache_blake3"])
         start = last + 1 if traj is not None else 0

@@ -156,14 +156,8 @@ def write_layer(out: str | Path, layer: int, projections: dict[str, RVQProjectio
     return entry
 
 
-def load_projection(out: str | Path, layer: int, projection: str, manifest: dict | None = None) -> RVQProjection:
-    """One (layer, projection), after its file's blake3 matches the manifest; decoded sample re-checked."""
-    out = Path(out)
-    manifest = manifest or read_manifest(out)
-    try:
-        rec = manifest["layers"][str(layer)]["projections"][projection]
-    except KeyError:
-        raise FormatError(f"{out / MANIFEST}: no layer {layer} projection {projection}") from None
+def _checked_bytes(out: Path, layer, projection: str, rec: dict) -> tuple[Path, bytes]:
+    """(path, bytes) of a published file after its blake3 matches the manifest's record."""
     try:
         path = member(out, rec["file"])
     except ValueError as exc:
@@ -175,6 +169,18 @@ def load_projection(out: str | Path, layer: int, projection: str, manifest: dict
     got = blake3.blake3(data).hexdigest()
     if got != rec["blake3"]:
         raise IntegrityError(path, f"blake3 {rec['blake3']}", f"blake3 {got}", "file changed since it was written")
+    return path, data
+
+
+def load_projection(out: str | Path, layer: int, projection: str, manifest: dict | None = None) -> RVQProjection:
+    """One (layer, projection), after its file's blake3 matches the manifest; decoded sample re-checked."""
+    out = Path(out)
+    manifest = manifest or read_manifest(out)
+    try:
+        rec = manifest["layers"][str(layer)]["projections"][projection]
+    except KeyError:
+        raise FormatError(f"{out / MANIFEST}: no layer {layer} projection {projection}") from None
+    path, data = _checked_bytes(out, layer, projection, rec)
     p = from_bytes(data, str(path))
     if list(p.shape) != rec["shape"] or list(p.experts) != rec["experts"]:
         raise FormatError(f"{path}: shape {p.shape} experts {p.experts} disagree with the manifest")
@@ -182,6 +188,15 @@ def load_projection(out: str | Path, layer: int, projection: str, manifest: dict
     if sample != rec["decoded_sample_blake3"]:
         raise IntegrityError(path, f"decoded sample {rec['decoded_sample_blake3']}", f"decoded sample {sample}")
     return p
+
+
+def verify_files(out: str | Path, manifest: dict | None = None) -> None:
+    """Every published file's blake3 against the manifest (no decoding): what a resumed run stands on."""
+    out = Path(out)
+    manifest = manifest or read_manifest(out)
+    for layer, entry in sorted(manifest["layers"].items(), key=lambda kv: int(kv[0])):
+        for proj, rec in entry["projections"].items():
+            _checked_bytes(out, layer, proj, rec)
 
 
 def load_layer(out: str | Path, layer: int) -> dict[str, RVQProjection]:
