@@ -114,7 +114,7 @@ def fit_expert(w: torch.Tensor, h: torch.Tensor, glob: torch.Tensor, cfg: FitCon
         s = scales.dequant(codes, glob)
         check_finite(s, at, "refit block scales")
         t_sweep, t_refit = t_sweep + tb - ta, t_refit + _clock(dev) - tb
-    stats = {"damp": factor.damp, "damp_attempts": factor.attempts, "em_mse": hist[-1] if hist else None,
+    stats = {"damp": factor.damp, "damp_attempts": factor.attempts, "em_mse": float(hist[-1]) if hist else None,
              "sampled_groups": int(pick.numel()), "seconds": {"cholesky": t1 - t0, "codebook_em": t2 - t1,
                                                               "sweep": t_sweep, "scale_refit": t_refit}}
     return ExpertFit(codebooks=torch.stack([fp4_encode(c0), fp4_encode(c1)]).cpu(),
