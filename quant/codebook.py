@@ -17,7 +17,6 @@ atom) reaches 0.316 at width 8 and 0.315 at 16, against 0.314 for the exhaustive
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from quant.format import ATOMS
 from quant.fp_formats import fp4_round
@@ -62,8 +61,8 @@ def assign_pair(v: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, d: torch.Te
     """(a, b) for groups v [M, 8]: beam search over c0 (beam > 0) or greedy c0-then-c1 (unless a, b are
     given), then `rounds` alternating refinements (each can only lower the error). Chunks of 512 rows keep
     the [rows, beam, 256] distances in cache on CPU (2.6x faster than 4096 rows at once on one core); a GPU
-    takes larger chunks (fewer launches). `norms`: the books' squared norms, if the caller has them."""
-    chunk = chunk or (512 if v.device.type == "cpu" else 8192)
+    takes larger chunks (fewer launches; 32,768 rows x beam 8 x 256 fp32 distances are 268 MB). `norms`: the books' squared norms, if the caller has them."""
+    chunk = chunk or (512 if v.device.type == "cpu" else 32768)
     if norms is None and d is None:
         norms = ((c0 * c0).sum(1), (c1 * c1).sum(1))
     n0, n1 = (None, None) if d is not None else norms
@@ -97,7 +96,8 @@ def m_step(target: torch.Tensor, assign: torch.Tensor, d: torch.Tensor | None, o
         den = (count.to(old.dtype).unsqueeze(1).expand_as(old) if d is None
                else torch.zeros_like(old).index_add_(0, assign, d))
     else:
-        onehot = F.one_hot(assign, ATOMS).to(target.dtype)             # [M, 256]
+        onehot = torch.zeros(len(assign), ATOMS, dtype=target.dtype, device=target.device)
+        onehot.scatter_(1, assign.unsqueeze(1), 1.0)                     # [M, 256], no int64 one_hot
         num = onehot.T @ (target if d is None else d * target)           # [256, 8]
         den = count.to(old.dtype).unsqueeze(1).expand_as(old) if d is None else onehot.T @ d
     c = torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), old)
@@ -111,18 +111,24 @@ def m_step(target: torch.Tensor, assign: torch.Tensor, d: torch.Tensor | None, o
 
 
 def kmeans(v: torch.Tensor, d: torch.Tensor | None, iters: int, gen: torch.Generator) -> torch.Tensor:
-    """ATOMS FP4-grid centroids of v: seeded distinct-sample init, `iters` Lloyd steps."""
+    """ATOMS unconstrained centroids of v: seeded distinct-sample init, `iters` Lloyd steps."""
     init = torch.randperm(v.shape[0], generator=gen)[:ATOMS].to(v.device)
-    c = fp4_round(v[init] if len(init) == ATOMS else v[init.repeat(ATOMS // len(init) + 1)[:ATOMS]])
+    c = v[init] if len(init) == ATOMS else v[init.repeat(ATOMS // len(init) + 1)[:ATOMS]]
     for _ in range(iters):
         a = nearest(v, c, d)
-        c = m_step(v, a, d, c, weighted_error(v, c[a], d))
+        c = m_step(v, a, d, c, weighted_error(v, c[a], d), project=False)
     return c
 
 
 def fit_codebooks(v: torch.Tensor, d: torch.Tensor | None, *, kmeans_iters: int = 10, iters: int = 8,
-                  rounds: int = 1, beam: int = 0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-    """(c0, c1, weighted-MSE history) for normalized groups v [M, 8] and dim weights d [M, 8] or None."""
+                  rounds: int = 1, beam: int = 0, polish: int = 2,
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(c0, c1, weighted-MSE history as 0-dim tensors) for normalized groups v [M, 8] and dim weights d.
+
+    The EM runs unconstrained and the books go to the FP4 grid at the end: projecting every M-step
+    stalls Lloyd, whose moves are smaller than the grid's spacing and round back (Gaussian, H = I:
+    0.310 against 0.303 for the same sample). Then c0 is rounded, c1 refit `polish` times in float
+    for the rounded c0 (it absorbs c0's mean rounding error per c1 atom), and rounded."""
     gen = torch.Generator().manual_seed(seed)
     c0 = kmeans(v, d, kmeans_iters, gen)
     a = nearest(v, c0, d)
@@ -132,10 +138,14 @@ def fit_codebooks(v: torch.Tensor, d: torch.Tensor | None, *, kmeans_iters: int 
     for _ in range(iters):
         a, b = assign_pair(v, c0, c1, d, rounds, a, b, beam=beam)
         err = weighted_error(v, c0[a] + c1[b], d)  # reseeding needs only a rough worst-fit ranking
-        c0 = m_step(v - c1[b], a, d, c0, err)
-        c1 = m_step(v - c0[a], b, d, c1, err)
-        history.append(float(err.mean()))
-    return c0, c1, history
+        c0 = m_step(v - c1[b], a, d, c0, err, project=False)
+        c1 = m_step(v - c0[a], b, d, c1, err, project=False)
+        history.append(err.mean())
+    c0 = fp4_round(c0)
+    for _ in range(polish):
+        a, b = assign_pair(v, c0, c1, d, rounds, a, b, beam=beam)
+        c1 = m_step(v - c0[a], b, d, c1, weighted_error(v, c0[a] + c1[b], d), project=False)
+    return c0, fp4_round(c1), history
 
 
 def importance_sample(importance: torch.Tensor, count: int, seed: int) -> torch.Tensor:

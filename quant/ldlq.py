@@ -43,7 +43,7 @@ def sweep(w: torch.Tensor, u: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, 
         raise ValueError(f"ldlq.sweep: block must be a multiple of {GROUP}, got {block}")
     n, k = w.shape
     w = w.clone()
-    codes = torch.empty(n, k // GROUP, 2, dtype=torch.int64, device=w.device)
+    picked = []                                                              # (a, b) of each group, in order
     per_group = SCALE_BLOCK // GROUP
     sg = s.repeat_interleave(per_group, dim=1)                               # [N, G]
     inv = (1.0 / torch.where(sg == 0, torch.ones_like(sg), sg))              # a zero scale decodes to zero
@@ -54,22 +54,22 @@ def sweep(w: torch.Tensor, u: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, 
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
         wb, ub = w[:, b0:b1].clone(), u[b0:b1, b0:b1]
-        errs = torch.empty_like(wb)
+        errs = []
         for g0 in range(0, b1 - b0, GROUP):
             g = (b0 + g0) // GROUP
             cols = slice(g0, g0 + GROUP)
             v = wb[:, cols] * inv[:, g:g + 1]
             vt = v @ t[g] if metric == "ldl" else v
             a, b = assign_pair(vt, bt[0][g], bt[1][g], rounds=rounds, beam=beam, norms=(norms[0][g], norms[1][g]))
-            codes[:, g, 0], codes[:, g, 1] = a, b
+            picked += [a, b]
             err = wb[:, cols] - (c0[a] + c1[b]) * sg[:, g:g + 1]
             e = err @ t[g]                                                   # e U_FF^-1
             if g0 + GROUP < b1 - b0:
                 wb[:, g0 + GROUP:].addmm_(e, ub[cols, g0 + GROUP:], alpha=-1.0)
-            errs[:, cols] = e
+            errs.append(e)
         if b1 < k:
-            w[:, b1:].addmm_(errs, u[b0:b1, b1:], alpha=-1.0)
-    return codes
+            w[:, b1:].addmm_(torch.cat(errs, dim=1), u[b0:b1, b1:], alpha=-1.0)
+    return torch.stack(picked, dim=1).reshape(n, k // GROUP, 2)
 
 
 def code_values(codes: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor) -> torch.Tensor:
