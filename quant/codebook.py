@@ -5,10 +5,12 @@ proportional to their Hessian importance, with optional per-dimension weights d 
 diagonal inside a group). Objective: sum_i sum_j d_ij (v_ij - c0[a_i]_j - c1[b_i]_j)^2.
 
 Warm start: k-means for c0 on v, then k-means for c1 on the residuals v - c0[a]. Then `iters`
-alternating refinements: (a, b) by alternating nearest-atom search, c0 given b, c1 given a. Every M-step
-projects the atoms to FP4: given the assignment the objective is separable per (atom, dim) and quadratic,
-so the nearest grid point to the weighted mean is the exact constrained optimum. On GPUs the sums over
-samples are one-hot matmuls, not index_add (CUDA's atomics would make them order-dependent).
+alternating refinements: (a, b) by the beam search below, c0 given b, c1 given a. All of it is
+unconstrained; the atoms go to FP4 only at the end (c0 rounded, c1 refit for it, c1 rounded): given the
+assignment the objective is separable per (atom, dim) and quadratic, so rounding the weighted mean is the
+exact constrained M-step, but doing it every step stalls Lloyd, whose moves are then smaller than the
+grid's spacing and round back. On GPUs the sums over samples are one-hot matmuls, not index_add (CUDA's
+atomics would make them order-dependent).
 
 Assignment: the ARVQ write-up's alternating search (greedy c0 then c1, then refinements) reaches relative L2
 error 0.338 on i.i.d. Gaussian groups; a beam over c0 (`beam` nearest c0 atoms, each with its best c1
@@ -90,22 +92,24 @@ def m_step(target: torch.Tensor, assign: torch.Tensor, d: torch.Tensor | None, o
            err: torch.Tensor, project: bool = True) -> torch.Tensor:
     """Weighted means of `target` per atom (FP4-projected if `project`); empty atoms reseeded at the
     worst-fit samples."""
-    count = torch.bincount(assign, minlength=ATOMS)
     if target.device.type == "cpu":  # CPU index_add_ adds in index order: deterministic, and 10x a one-hot matmul
+        count = torch.bincount(assign, minlength=ATOMS)
         num = torch.zeros_like(old).index_add_(0, assign, target if d is None else d * target)
         den = (count.to(old.dtype).unsqueeze(1).expand_as(old) if d is None
                else torch.zeros_like(old).index_add_(0, assign, d))
     else:
         onehot = torch.zeros(len(assign), ATOMS, dtype=target.dtype, device=target.device)
         onehot.scatter_(1, assign.unsqueeze(1), 1.0)                     # [M, 256], no int64 one_hot
+        count = onehot.sum(0)                                            # CUDA bincount reads its max back
         num = onehot.T @ (target if d is None else d * target)           # [256, 8]
         den = count.to(old.dtype).unsqueeze(1).expand_as(old) if d is None else onehot.T @ d
     c = torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), old)
     # empty atoms take the worst-fit samples in order, without reading the count back (no host sync)
     empty = count == 0
     worst = torch.topk(err, min(ATOMS, len(err))).indices
-    rank = (torch.cumsum(empty.long(), 0) - 1).clamp(min=0, max=len(worst) - 1)
-    fill = empty & (torch.cumsum(empty.long(), 0) <= len(worst))
+    order = torch.cumsum(empty.long(), 0)                                # 1-based rank among the empty atoms
+    rank = (order - 1).clamp(min=0, max=len(worst) - 1)
+    fill = empty & (order <= len(worst))
     c = torch.where(fill.unsqueeze(1), target[worst[rank]], c)
     return fp4_round(c) if project else c
 
