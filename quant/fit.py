@@ -28,9 +28,9 @@ class FitConfig:
     """Fit settings; defaults from the ARVQ write-up, section 3, unless noted."""
     sample_groups: int = 65_536   # EM sample per expert (ours; 20,000 in the write-up over-fits 512 atoms:
                                   # Gaussian 0.306 at 20,000, 0.3025 at 65,536, 0.301 at all 131,072)
-    kmeans_iters: int = 30        # Lloyd steps of each warm start (not in the write-up; ours)
-    em_iters: int = 30            # alternating refinements (ours: 8 in the write-up; a GPU step is ~60 kernels,
-                                  # the sweep's 22,000; Gaussian 0.3019 at 10 + 8, 0.3010 at 30 + 30)
+    kmeans_iters: int = 10        # Lloyd steps of each warm start (not in the write-up; ours)
+    em_iters: int = 8             # alternating refinements (Gaussian 0.3019 at 10 + 8, 0.3010 at 30 + 30: on a
+                                  # GPU nearly free, ~60 kernels a step, but 2x the CPU tests' fits)
     polish: int = 2               # c1 refits after c0 goes to the FP4 grid (ours)
     col_block: int = 128          # LDLQ column block
     passes: int = 1               # (sweep, scale refit) rounds (ours: a second pass gains 0.0004 on the
