@@ -12,9 +12,10 @@ exact constrained M-step, but doing it every step stalls Lloyd, whose moves are 
 grid's spacing and round back. On GPUs the sums over samples are one-hot matmuls, not index_add (CUDA's
 atomics would make them order-dependent).
 
-Assignment: the ARVQ write-up's alternating search (greedy c0 then c1, then refinements) reaches relative L2
-error 0.338 on i.i.d. Gaussian groups; a beam over c0 (`beam` nearest c0 atoms, each with its best c1
-atom) reaches 0.316 at width 8 and 0.315 at 16, against 0.314 for the exhaustive 65,536-pair search.
+Assignment: the ARVQ write-up's alternating search (greedy c0 then c1, then refinements), or a beam over
+c0 (`beam` nearest c0 atoms, each with its best c1 atom). With these books the whole fit of i.i.d. Gaussian
+1024 x 1024 weights, H = I (two passes, one refinement) reaches relative L2 error 0.3015 at width 8, 0.2995
+at 16, 0.2990 at 32.
 """
 from __future__ import annotations
 

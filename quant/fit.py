@@ -27,7 +27,7 @@ PROJ_ID = {"w13": 0, "w2": 1}
 class FitConfig:
     """Fit settings; defaults from the ARVQ write-up, section 3, unless noted."""
     sample_groups: int = 65_536   # EM sample per expert (ours; 20,000 in the write-up over-fits 512 atoms:
-                                  # Gaussian 0.306 at 20,000, 0.3025 at 65,536, 0.301 at all 131,072)
+                                  # Gaussian groups 0.3060 at 20,000, 0.3025 at 65,536; the fit 0.3003 at 131,072)
     kmeans_iters: int = 10        # Lloyd steps of each warm start (not in the write-up; ours)
     em_iters: int = 8             # alternating refinements (Gaussian 0.3019 at 10 + 8, 0.3010 at 30 + 30: on a
                                   # GPU nearly free, ~60 kernels a step, but 2x the CPU tests' fits)
