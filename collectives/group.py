@@ -18,7 +18,7 @@ from .p2p import exchange
 from .reduce_scatter import all_gather as _all_gather
 from .reduce_scatter import gather as _gather
 from .reduce_scatter import reduce_scatter as _det_reduce_scatter
-from .reduce_scatter import shard_bounds
+from .reduce_scatter import split_bounds
 
 
 def free_port() -> int:
@@ -106,14 +106,14 @@ class CollectiveGroup:
         """tensor *= 1/n (default n = world) as a reciprocal multiply."""
         return _average_(tensor, self.world if n is None else n)
 
-    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
-        """This rank's `shard_bounds` shard of the sum of `tensor` over the group (1-D)."""
+    def reduce_scatter(self, tensor: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        """This rank's shard of the sum of `tensor` over the group (1-D): `shard_bounds`'s, or of the given `sizes`."""
         if self.native:
             full = tensor.detach().reshape(-1).clone()
             dist.all_reduce(full, op=dist.ReduceOp.SUM, group=self.group)  # gloo has no reduce_scatter
-            a, b = shard_bounds(full.numel(), self.world)[self.rank]
+            a, b = split_bounds(full.numel(), self.world, sizes)[self.rank]
             return full[a:b].clone()
-        return _det_reduce_scatter(tensor, self.group)
+        return _det_reduce_scatter(tensor, self.group, sizes)
 
     def all_gather(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
         """The full 1-D buffer of `numel` elements from every rank's shard (data movement only)."""

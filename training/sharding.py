@@ -9,10 +9,12 @@ rank = shard), its shard group the dp_replicate ranks that own the same slice (g
 collectives.CollectiveGroup-like (reduce_scatter, all_gather, gather, all_reduce_, all_reduce_max_).
 
 A step (`ShardedStep`, driven by training/step.py):
-- `reduce`: every rank's exact-sum limbs (int64) and non-finite stand-ins (float64) are reduce-scattered in
-  the replica group, then all-reduced in the shard group: integer sums, so the owner holds the integers one
-  process would (collectives' deterministic schedules all the same); ExactSum.result is elementwise, so the
-  slice of the mean gradient has the bits of the same slice of the one-process mean;
+- `scatter_bucket` (per bucket of whole tensors, as the backward produces them: training/overlap.py) and `mean`:
+  every rank's exact-sum limbs (int64) and non-finite stand-ins (float64) are reduce-scattered in the replica
+  group to the owners of their elements, then all-reduced in the shard group: integer sums, so the owner holds
+  the integers one process would (collectives' deterministic schedules all the same; the bucketing changes which
+  elements share a message, never an element's sum); ExactSum.result is elementwise, so the slice of the mean
+  gradient has the bits of the same slice of the one-process mean;
 - `clip`: kernels.ref.reduce.global_l2_norm's bits from the slices (`sharded_l2_norm`): one all-reduce MAX of
   the largest square (the one fixed-point scale), then SUMs of the int64 sum and the non-finite stand-in;
 - `update`: AdamW (elementwise) on this rank's slice of params, m and v, piece by piece with each tensor's
@@ -116,6 +118,15 @@ class Shard:
     grads: torch.Tensor
 
 
+def _starts(per_rank: list[list]) -> list[int]:
+    """Where each rank's pieces start in the concatenation of all ranks' pieces."""
+    out, at = [], 0
+    for pieces in per_rank:
+        out.append(at)
+        at += len(pieces)
+    return out
+
+
 def sharded_l2_norm(g: torch.Tensor, numel: int, group) -> torch.Tensor:
     """global_l2_norm's bits over a whole gradient of `numel` elements, from this rank's slice `g` of it.
 
@@ -147,17 +158,48 @@ class ShardedStep:
             raise ConfigError(f"HSDP: this rank holds slice [{held.lo}, {held.hi}) of the optimizer state, the mesh "
                               f"now gives it [{self.lo}, {self.hi}); restart from a checkpoint to re-shard")
 
-    def reduce(self, sums: dict[str, ExactSum], n: int) -> torch.Tensor:
-        """My slice of the mean gradient over all `n` microbatches of every rank."""
+    def scatter_bucket(self, sums: dict[str, ExactSum], names: tuple[str, ...]) -> tuple[list[Piece], torch.Tensor,
+                                                                                        torch.Tensor]:
+        """The bucket of whole tensors `names`, summed over every rank of the mesh, where it falls in my slice: my
+        pieces of it (at: the offset in my slice), their summed limbs (3, m) and non-finite stand-ins (m,)."""
         # the limb wire (3 limbs + bad, 32 bytes an element): HSDP does not use the compact exact wire yet
-        shared = [sums[k].shared() for k in self.layout.names]
-        limbs = torch.cat([lb.reshape(3, -1) for lb, _ in shared], dim=1)
-        bad = torch.cat([b.reshape(-1) for _, b in shared])
-        mine = torch.stack([self.replica.reduce_scatter(limbs[i]) for i in range(3)])
-        bad = self.replica.reduce_scatter(bad)
+        shards = self.replica.world
+        shared = {k: sums[k].shared() for k in names}
+        per_rank = [self._bucket_pieces(names, r, shards) for r in range(shards)]
+        dev = next(iter(shared.values()))[0].device
+        limbs = [shared[p.name][0].reshape(3, -1)[:, p.lo:p.hi] for pieces in per_rank for p in pieces]
+        bad = [shared[p.name][1].reshape(-1)[p.lo:p.hi] for pieces in per_rank for p in pieces]
+        sizes = [sum(p.hi - p.lo for p in pieces) for pieces in per_rank]
+        # rank r's part is its (3, size_r) limbs, row-major: one reduce-scatter carries all three limbs
+        flat = torch.cat([torch.cat(limbs[i:i + len(pieces)], dim=1).reshape(-1) if pieces else
+                          torch.zeros(0, dtype=torch.int64, device=dev)
+                          for i, pieces in zip(_starts(per_rank), per_rank)])
+        mine = self.replica.reduce_scatter(flat, [3 * k for k in sizes]).view(3, -1)
+        mine_bad = self.replica.reduce_scatter(torch.cat(bad) if bad else torch.zeros(0, dtype=torch.float64,
+                                                                                     device=dev), sizes)
         self.across.all_reduce_(mine)
-        self.across.all_reduce_(bad)
-        return ExactSum.of_shared(mine, bad).result(1.0 / n)
+        self.across.all_reduce_(mine_bad)
+        return per_rank[self.replica.rank], mine, mine_bad
+
+    def _bucket_pieces(self, names: tuple[str, ...], shard: int, shards: int) -> list[Piece]:
+        """The pieces of tensors `names` (in that order) that shard `shard` owns, `at` in its slice."""
+        lo, hi = self.layout.bounds(shard, shards)
+        return [p for p in self.layout.pieces(lo, hi) if p.name in names]
+
+    def mean(self, buckets: list[tuple[list[Piece], torch.Tensor, torch.Tensor]], n: int) -> torch.Tensor:
+        """My slice of the mean gradient over all `n` microbatches of every rank, from every bucket's
+        `scatter_bucket` (together they cover my slice once)."""
+        m = self.hi - self.lo
+        limbs = torch.zeros((3, m), dtype=torch.int64, device=self.m.device)
+        bad = torch.zeros(m, dtype=torch.float64, device=self.m.device)
+        for pieces, got, got_bad in buckets:
+            at = 0
+            for p in pieces:
+                k = p.hi - p.lo
+                limbs[:, p.at:p.at + k] = got[:, at:at + k]
+                bad[p.at:p.at + k] = got_bad[at:at + k]
+                at += k
+        return ExactSum.of_shared(limbs, bad).result(1.0 / n)
 
     def clip(self, g: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(global pre-clip norm, clip coefficient, my slice times it): training/optim.clip's bits, sliced."""

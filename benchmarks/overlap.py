@@ -1,0 +1,153 @@
+"""When the cross-rank gradient reduction runs: bucket by bucket inside the last local backward, or after it.
+
+    python3 benchmarks/overlap.py --meshes 2x1,4x1,2x2 --steps 4 --warmup 1 --out docs/results/overlap.json
+
+R x S gloo ranks on this CPU (torch.multiprocessing spawn, one torch thread each) train the `--config` model
+(default tiny; the demo corpus is built in a temporary directory unless --corpus) from scratch with two windows a
+rank a step (micro_batch 1: two microbatches, the reduction overlaps the second one's backward), once per arm:
+  bucketed   buckets of --bucket-elements (training/overlap.py), each reduced as soon as the backward has produced it
+  one        a single bucket of every tensor: the reduction starts only when the backward has produced the last
+             gradient (what the step did before buckets)
+Each rank records the reduction's timeline (StepContext.observer: the last microbatch asked for, each bucket ready,
+started and done on the communication thread, the backward's end), in seconds from the step's start. The table:
+per mesh and arm, the median step seconds after --warmup, and from the last step of rank 0: when the backward ended,
+when bucket 0's reduction started and the last one's finished, and how many buckets had started before the backward
+ended. Check: both arms end with the same state hash on every rank of every mesh (rank 0 of an HSDP mesh).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from collectives import free_port  # noqa: E402
+from training.config import Topology  # noqa: E402
+
+ARMS = ("bucketed", "one")
+
+
+def _rank(rank: int, topo: Topology, port: int, cfg, arms: dict[str, int], steps: int, out: str) -> None:
+    import torch.distributed as dist
+
+    import stream
+    from training.init import init_params
+    from training.ray_train import TorchGroup
+    from training.state_hash import state_entries, state_hash
+    from training.step import StepContext, TrainState, run_step
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=topo.world)
+    try:
+        group = TorchGroup()
+        base = StepContext.build(cfg)
+        s = stream.open_stream(cfg.train.corpus, seq_len=cfg.model.seq_len, seed=cfg.train.seed)
+        tokens = [torch.from_numpy(s.windows(*base.batch.window_range(i))).to(torch.int64) for i in range(steps)]
+        result = {}
+        for arm, bucket in arms.items():
+            events: list = []
+            ctx = replace(base, bucket_elements=bucket,
+                          observer=lambda e, b: events.append((e, b, time.perf_counter())))
+            st = TrainState.fresh(init_params(cfg.model, cfg.train.seed))
+            rows = []
+            for i in range(steps):
+                dist.barrier()
+                events.clear()
+                t0 = time.perf_counter()
+                run_step(st, tokens[i], topo, ctx, group)
+                rows.append({"seconds": time.perf_counter() - t0,
+                             "events": [(e, b, round(t - t0, 6)) for e, b, t in events]})
+            digest = state_hash(state_entries(st, "{}", "c", {})).hex() if st.shard is None else None
+            result[arm] = {"steps": rows, "state_hash": digest}
+        Path(out, f"{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _summary(rows: list, warmup: int) -> dict:
+    """Median step seconds after warmup; the last step's timeline in a few numbers."""
+    ev = rows[-1]["events"]
+    at = {(e, b): t for e, b, t in ev}
+    end = at[("backward_end", -1)]
+    starts = sorted(t for e, b, t in ev if e == "start")
+    dones = [t for e, b, t in ev if e == "done"]
+    return {"median_step_s": statistics.median(r["seconds"] for r in rows[warmup:]),
+            "buckets": len(starts), "last_microbatch_s": at.get(("last_microbatch", -1)),
+            "first_gradient_s": min(t for e, b, t in ev if e == "gradient"), "backward_end_s": end,
+            "bucket0_start_s": starts[0], "last_done_s": max(dones),
+            "started_before_backward_end": sum(t < end for t in starts)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--meshes", default="2x1,4x1,2x2", help="R x S topologies")
+    p.add_argument("--config", default="tiny")
+    p.add_argument("--corpus", default=None)
+    p.add_argument("--bucket-elements", type=int, default=1 << 16)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--out", default="benchmarks/results/overlap.json")
+    a = p.parse_args(argv)
+
+    import stream
+    from training.presets import run_config
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    rows, details = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = a.corpus
+        base = run_config(a.config, corpus=corpus or tmp)
+        if corpus is None:
+            stream.build_demo(tmp, vocab_size=base.model.vocab_size, progress=False)
+        arms = {"bucketed": a.bucket_elements, "one": 1 << 62}
+        for mesh in a.meshes.split(","):
+            topo = Topology.parse(mesh)
+            cfg = base.replace(**{"train.micro_batch": 1, "train.batch_phases": ((1 << 50, 2 * topo.world),)})
+            with tempfile.TemporaryDirectory() as out:
+                mp.start_processes(_rank, args=(topo, free_port(), cfg, arms, a.steps, out), nprocs=topo.world,
+                                   join=True, start_method="spawn")
+                ranks = [json.loads(Path(out, f"{r}.json").read_text()) for r in range(topo.world)]
+            hashes = {r[arm]["state_hash"] for r in ranks for arm in ARMS} - {None}
+            if len(hashes) != 1:
+                raise SystemExit(f"{mesh}: the arms or ranks end in different states: {sorted(hashes)}")
+            for arm in ARMS:
+                rows.append({"mesh": topo.label(), "arm": arm, **_summary(ranks[0][arm]["steps"], a.warmup)})
+            details[topo.label()] = {arm: ranks[0][arm]["steps"][-1]["events"] for arm in ARMS}
+
+    t = Table(title=f"reduction timeline, {a.config}, last step of rank 0 (s from the step's start)")
+    for c in ("mesh", "arm", "buckets", "median step s", "backward ends", "bucket 0 starts", "last done",
+              "started before the end"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["mesh"], r["arm"], str(r["buckets"]), f"{r['median_step_s']:.3f}", f"{r['backward_end_s']:.3f}",
+                  f"{r['bucket0_start_s']:.3f}", f"{r['last_done_s']:.3f}",
+                  f"{r['started_before_backward_end']}/{r['buckets']}")
+    Console().print(t)
+    doc = {"benchmark": "overlap", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
+           "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "torch": torch.__version__, "config": a.config,
+           "bucket_elements": a.bucket_elements, "steps": a.steps, "warmup": a.warmup,
+           "same_state_hash_both_arms": True, "rows": rows, "last_step_events_rank0": details}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = Path(a.out).with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp_out, a.out)  # atomic
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
