@@ -27,7 +27,8 @@ import torch
 from training.errors import ConfigError
 
 # the last microbatch asked for (its forward starts), a leaf's gradient added (bucket: its bucket), a bucket complete
-# and handed to the communication thread, its reduction started and finished there, the last backward returned
+# and handed to the communication thread, its reduction started and finished there; and from training/step.py, a
+# microbatch's torch.autograd.grad returned ("backward_end", the rank's microbatch index)
 EVENTS = ("last_microbatch", "gradient", "ready", "start", "done", "backward_end")
 BUCKET_ELEMENTS = 1 << 21  # ~8 MB of float32 gradient a bucket: DDP's 25 MB order, many buckets at 1B parameters
 
@@ -93,7 +94,6 @@ class Overlapped:
                         for k, v in g.items():
                             self.add(k, v, coord)
                     else:
-                        self.observe("backward_end", -1)
                         for k, v in g.items():  # gradients no hook saw: the unused leaves' zeros
                             if k not in self.done:
                                 self._take(k, v)

@@ -192,6 +192,8 @@ def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, 
         out = forward(params32, ctx.cfg.model, tokens.index_select(0, rows), ctx.rope, z_loss=ctx.cfg.train.z_loss,
                       ops=ctx.ops)
         grads = torch.autograd.grad(out.loss, leaves, allow_unused=True)
+        if ctx.observer is not None:
+            ctx.observer("backward_end", len(losses))  # this microbatch's backward has returned
         g = {k: (gi if gi is not None else torch.zeros_like(p)) for k, gi, p in zip(names, grads, leaves)}
         losses.append((wins, torch.stack([out.loss.detach(), out.ce.detach(), out.z.detach()])))
         for layer, counts in out.load.items():
