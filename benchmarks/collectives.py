@@ -18,8 +18,9 @@ Methods (M = 2^20 elements; each rank's buffer is a float32 partial hashed from 
   exact-compact  the same sum on collectives/exact_wire.py (ExactSum's bits, ~8 bytes an element)
 Time: median over reps of the slowest rank's seconds for the method, from the rank's buffer (or accumulator)
 to the summed float32 (refills between reps are not timed; the compact wire leaves its limbs the same integers
-and needs none). wire_bytes_per_element: the bytes handed to torch.distributed.all_reduce during the timed calls
-(every phase counted), per rep and element; det moves its data point to point (not counted). Checks: det's
+and needs none). wire_bytes_per_element: the bytes handed to torch.distributed.all_reduce or to the group's
+all_reduce_sum_ / all_reduce_max_ (the exact wires' integers, on the recursive-doubling schedule) during the timed
+calls (every phase counted), per rep and element; det moves its data point to point (not counted). Checks: det's
 bits against TreeFold of all ranks' partials (rank 0 rebuilds them), exact-compact's against exact-limbs', and
 that every rank holds the same bits. A method whose estimated memory for all ranks exceeds 85% of the memory
 available is skipped and says so.
@@ -94,6 +95,18 @@ def _counting_all_reduce():
         return plain(tensor, *args, **kw)
 
     return all_reduce
+
+
+def _counting_group_reduce(plain):
+    """A CollectiveGroup all-reduce method (the compact wire's SUM and MAX, on the recursive-doubling schedule) that
+    adds its tensor's bytes to SENT while SENT["on"], as torch.distributed.all_reduce's are."""
+
+    def reduce_(self, tensor, *args, **kw):
+        if SENT["on"] and not self.native:  # native mode calls torch.distributed.all_reduce: counted there
+            SENT["bytes"] += tensor.numel() * tensor.element_size()
+        return plain(self, tensor, *args, **kw)
+
+    return reduce_
 
 
 def _sync(dev: torch.device) -> None:
@@ -233,6 +246,8 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out_dir: str) -> None:
     if backend == "gloo":
         torch.set_num_threads(1)
     dist.all_reduce = _counting_all_reduce()
+    CollectiveGroup.all_reduce_sum_ = _counting_group_reduce(CollectiveGroup.all_reduce_sum_)
+    CollectiveGroup.all_reduce_max_ = _counting_group_reduce(CollectiveGroup.all_reduce_max_)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     g = CollectiveGroup.init(rank, world, master_addr="127.0.0.1", master_port=port, backend=backend,
                              device=dev, timeout_s=3600)

@@ -2,7 +2,8 @@
 
 Each rank holds per element the integer L_r of its exact partial sum, three int64 limbs (collectives/limbs.py),
 and a float64 non-finite stand-in `bad` (0 unless inf/NaN). The limb wire all-reduces all four words; this one
-runs up to four all-reduces, each exact in any order (integer sums, a max), so torch's native ones may do them:
+runs up to four all-reduces, each exact in any order (integer sums, a max); CollectiveGroup runs them on its
+recursive-doubling schedule (collectives/allreduce.py), over gloo or NCCL point to point:
 
 1. MAX of two int32 a block of `block` elements: E with |L_r| < 2^E for every element and rank of the block,
    and 1 where some rank's `bad` is non-zero there.
@@ -43,7 +44,8 @@ LOW40 = (1 << DIGIT) - 1
 
 
 class SumGroup(Protocol):
-    """What the wire needs of a group: its size and in-place all-reduces (integer SUM, MAX; float64 SUM)."""
+    """What the wire needs of a group: its size and in-place all-reduces (integer SUM, MAX; float64 SUM), e.g.
+    CollectiveGroup's (the recursive-doubling schedule)."""
 
     world: int
 

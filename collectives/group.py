@@ -42,7 +42,7 @@ class CollectiveGroup:
         self.group = group
         self.native = native
         self.chunks = chunks  # pipelining of the deterministic all-reduce; never changes its bits
-        self._scratch: list[torch.Tensor] = []  # receive buffers reused across calls (first touch is slow)
+        self._scratch: dict[torch.dtype, list[torch.Tensor]] = {}  # receive buffers kept (first touch is slow)
         self.backend = str(dist.get_backend(group))
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -100,7 +100,10 @@ class CollectiveGroup:
         if self.native:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
             return tensor
-        return _det_all_reduce_(tensor, self.group, self.chunks, self._scratch)
+        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor))
+
+    def _pool(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return self._scratch.setdefault(tensor.dtype, [])  # one pool a dtype: the exact wire mixes int32/64, float64
 
     def average_(self, tensor: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """tensor *= 1/n (default n = world) as a reciprocal multiply."""
@@ -124,14 +127,19 @@ class CollectiveGroup:
         return _gather(shard, numel, self.group, dst)
 
     def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """In-place sum with torch's own all-reduce, for integers (exact in any order; the compact exact wire)."""
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
-        return tensor
+        """In-place sum for the compact exact wire's integers (and its non-finite stand-ins): the recursive-doubling
+        schedule, as `all_reduce_` (integer sums are exact in any order anyway); torch's own in native mode."""
+        if self.native:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+            return tensor
+        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor))
 
     def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """In-place elementwise max over the group (torch's own: a max is exact in any order)."""
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
-        return tensor
+        """In-place elementwise max over the group on the recursive-doubling schedule (torch's own in native mode)."""
+        if self.native:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+            return tensor
+        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor), op="max")
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite `tensor` with rank `src`'s (group rank) in place (data movement only)."""
@@ -147,11 +155,11 @@ class CollectiveGroup:
 
     def release_scratch(self) -> None:
         """Drop the cached receive buffers."""
-        self._scratch = []
+        self._scratch = {}
 
     def destroy(self) -> None:
         """Tear down the process group if this object created it."""
-        self._scratch = []
+        self._scratch = {}
         if self._owns_default and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_default = False
