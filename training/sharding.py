@@ -10,11 +10,11 @@ collectives.CollectiveGroup-like (reduce_scatter, all_gather, gather, all_reduce
 
 A step (`ShardedStep`, driven by training/step.py):
 - `scatter_bucket` (per bucket of whole tensors, as the backward produces them: training/overlap.py) and `mean`:
-  every rank's exact-sum limbs (int64) and non-finite stand-ins (float64) are reduce-scattered in the replica
-  group to the owners of their elements, then all-reduced in the shard group: integer sums, so the owner holds
-  the integers one process would (collectives' deterministic schedules all the same; the bucketing changes which
-  elements share a message, never an element's sum); ExactSum.result is elementwise, so the slice of the mean
-  gradient has the bits of the same slice of the one-process mean;
+  every rank's exact sums meet on the compact exact wire's reduce-scatter (collectives/exact_scatter.py: about 8
+  bytes an element, reduce-scattered in the replica group to the owners of the elements, then summed in the
+  shard group), so the owner holds ExactSum.result's bits of the sum over every rank: its slice of the mean
+  gradient is the same slice of the one-process mean (the bucketing changes which elements share a message,
+  never an element's sum);
 - `clip`: kernels.ref.reduce.global_l2_norm's bits from the slices (`sharded_l2_norm`): one all-reduce MAX of
   the largest square (the one fixed-point scale), then SUMs of the int64 sum and the non-finite stand-in;
 - `update`: AdamW (elementwise) on this rank's slice of params, m and v, piece by piece with each tensor's
@@ -39,6 +39,7 @@ from training.errors import ConfigError
 from training.optim import adamw_tensor
 from training.params import ParamSpec
 from training.reduction import ExactSum
+from collectives.exact_scatter import compact_exact_reduce_scatter
 from collectives.reduce_scatter import shard_bounds
 from kernels.ref import fixed
 from kernels.ref.adamw import clip_coefficient
@@ -118,15 +119,6 @@ class Shard:
     grads: torch.Tensor
 
 
-def _starts(per_rank: list[list]) -> list[int]:
-    """Where each rank's pieces start in the concatenation of all ranks' pieces."""
-    out, at = [], 0
-    for pieces in per_rank:
-        out.append(at)
-        at += len(pieces)
-    return out
-
-
 def sharded_l2_norm(g: torch.Tensor, numel: int, group) -> torch.Tensor:
     """global_l2_norm's bits over a whole gradient of `numel` elements, from this rank's slice `g` of it.
 
@@ -158,48 +150,30 @@ class ShardedStep:
             raise ConfigError(f"HSDP: this rank holds slice [{held.lo}, {held.hi}) of the optimizer state, the mesh "
                               f"now gives it [{self.lo}, {self.hi}); restart from a checkpoint to re-shard")
 
-    def scatter_bucket(self, sums: dict[str, ExactSum], names: tuple[str, ...]) -> tuple[list[Piece], torch.Tensor,
-                                                                                        torch.Tensor]:
-        """The bucket of whole tensors `names`, summed over every rank of the mesh, where it falls in my slice: my
-        pieces of it (at: the offset in my slice), their summed limbs (3, m) and non-finite stand-ins (m,)."""
-        # the limb wire (3 limbs + bad, 32 bytes an element): HSDP does not use the compact exact wire yet
+    def scatter_bucket(self, sums: dict[str, ExactSum], names: tuple[str, ...],
+                       n: int) -> list[tuple[Piece, torch.Tensor]]:
+        """The bucket of whole tensors `names`, summed over every rank of the mesh and times 1/n, where it falls in
+        my slice: (my piece, its float32 mean) pairs, on the compact exact wire's reduce-scatter."""
         shards = self.replica.world
-        shared = {k: sums[k].shared() for k in names}
+        wire = {k: sums[k].wire() for k in names}
         per_rank = [self._bucket_pieces(names, r, shards) for r in range(shards)]
-        dev = next(iter(shared.values()))[0].device
-        limbs = [shared[p.name][0].reshape(3, -1)[:, p.lo:p.hi] for pieces in per_rank for p in pieces]
-        bad = [shared[p.name][1].reshape(-1)[p.lo:p.hi] for pieces in per_rank for p in pieces]
-        sizes = [sum(p.hi - p.lo for p in pieces) for pieces in per_rank]
-        # rank r's part is its (3, size_r) limbs, row-major: one reduce-scatter carries all three limbs
-        flat = torch.cat([torch.cat(limbs[i:i + len(pieces)], dim=1).reshape(-1) if pieces else
-                          torch.zeros(0, dtype=torch.int64, device=dev)
-                          for i, pieces in zip(_starts(per_rank), per_rank)])
-        mine = self.replica.reduce_scatter(flat, [3 * k for k in sizes]).view(3, -1)
-        mine_bad = self.replica.reduce_scatter(torch.cat(bad) if bad else torch.zeros(0, dtype=torch.float64,
-                                                                                     device=dev), sizes)
-        self.across.all_reduce_(mine)
-        self.across.all_reduce_(mine_bad)
-        return per_rank[self.replica.rank], mine, mine_bad
+        parts = [[(wire[p.name][0][:, p.lo:p.hi], None if wire[p.name][1] is None else wire[p.name][1][p.lo:p.hi])
+                  for p in pieces] for pieces in per_rank]
+        outs, _ = compact_exact_reduce_scatter(parts, self.replica, self.across, 1.0 / n)
+        return list(zip(per_rank[self.replica.rank], outs))
 
     def _bucket_pieces(self, names: tuple[str, ...], shard: int, shards: int) -> list[Piece]:
-        """The pieces of tensors `names` (in that order) that shard `shard` owns, `at` in its slice."""
+        """The pieces of tensors `names` that shard `shard` owns (flat layout order), `at` in its slice."""
         lo, hi = self.layout.bounds(shard, shards)
         return [p for p in self.layout.pieces(lo, hi) if p.name in names]
 
-    def mean(self, buckets: list[tuple[list[Piece], torch.Tensor, torch.Tensor]], n: int) -> torch.Tensor:
-        """My slice of the mean gradient over all `n` microbatches of every rank, from every bucket's
-        `scatter_bucket` (together they cover my slice once)."""
-        m = self.hi - self.lo
-        limbs = torch.zeros((3, m), dtype=torch.int64, device=self.m.device)
-        bad = torch.zeros(m, dtype=torch.float64, device=self.m.device)
-        for pieces, got, got_bad in buckets:
-            at = 0
-            for p in pieces:
-                k = p.hi - p.lo
-                limbs[:, p.at:p.at + k] = got[:, at:at + k]
-                bad[p.at:p.at + k] = got_bad[at:at + k]
-                at += k
-        return ExactSum.of_shared(limbs, bad).result(1.0 / n)
+    def mean(self, buckets: list[list[tuple[Piece, torch.Tensor]]]) -> torch.Tensor:
+        """My slice of the mean gradient from every bucket's `scatter_bucket` (together they cover it once)."""
+        out = torch.empty(self.hi - self.lo, dtype=F32, device=self.m.device)
+        for pieces in buckets:
+            for p, x in pieces:
+                out[p.at:p.at + p.hi - p.lo] = x
+        return out
 
     def clip(self, g: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(global pre-clip norm, clip coefficient, my slice times it): training/optim.clip's bits, sliced."""

@@ -128,8 +128,8 @@ class Sharded(Replicated):
         self.writer = self.step.writer
 
     def reduce(self, parts) -> torch.Tensor:
-        outs = self._overlapped(parts, self.step.scatter_bucket)  # HSDP's reduce-scatter still moves the limbs
-        return self.step.mean(outs, self.n)
+        return self.step.mean(self._overlapped(parts, lambda sums, names: self.step.scatter_bucket(sums, names,
+                                                                                                    self.n)))
 
     def clip(self, g: torch.Tensor, max_norm: float):
         return self.step.clip(g, max_norm)
