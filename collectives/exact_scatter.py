@@ -5,7 +5,7 @@ gets its parts), and an `across` group of the ranks in the other replicas that o
 of the mesh holds a partial sum of every element; the owner gets the float32 result the all-reduce version
 (collectives/exact_wire.py) gives, with the same phases, each exact in any order:
 
-1. MAX of the per-block (E, bad flag) words in the replica, then across: every rank knows every block's shift s.
+1. MAX of the per-block bytes (`agree_tops`) in the replica, then across: every rank knows every block's shift s.
 2. The words (one int64 an element, K = bit_length of the mesh's size) reduce-scattered in the replica to the
    owners, then summed across: each owner decodes its elements, and finds those whose interval is unsettled.
 3. The owners' unsettled positions, made known in the replica by an integer sum (each rank fills only its own
@@ -23,7 +23,8 @@ from typing import Protocol
 
 import torch
 
-from .exact_wire import (MANT, WORD, SumGroup, WireStats, _Piece, _decode, _encode, _layout, _low, _scan, _shifted)
+from .exact_wire import (MANT, WORD, SumGroup, WireStats, _Piece, _decode, _encode, _layout, _low, _scan, _shifted,
+                         agree_tops)
 from .limbs import F64, combine, normalize, scaled, to_float32
 
 I32, I64 = torch.int32, torch.int64
@@ -66,9 +67,8 @@ def compact_exact_reduce_scatter(parts: Sequence[Sequence[Part]], replica: Scatt
     for pieces in owners:
         for p in pieces:
             _scan(p, info[:, p.blocks], block, chunk)
-    replica.all_reduce_max_(info)
-    across.all_reduce_max_(info)
-    s = (info[0].to(I64) + (k - min(MANT, WORD - k))).clamp_(min=0)
+    top, flagged = agree_tops(info, [replica, across])
+    s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
     words = torch.empty(ends[-1], dtype=I64, device=dev)
     for pieces in owners:
         for p in pieces:
@@ -84,7 +84,6 @@ def compact_exact_reduce_scatter(parts: Sequence[Sequence[Part]], replica: Scatt
         stats.interval += tested
     stats.unsettled = sum(int(i.numel()) for i in late)
     _resend(owners, ends, late, s, k, got, scale, outs, block, replica, across)
-    flagged = (info[1] > 0).nonzero().squeeze(1)
     stats.flagged_blocks = int(flagged.numel())
     if stats.flagged_blocks:
         _non_finite(owners, flagged, outs, block, replica, across)

@@ -5,8 +5,9 @@ and a float64 non-finite stand-in `bad` (0 unless inf/NaN). The limb wire all-re
 runs up to four all-reduces, each exact in any order (integer sums, a max); CollectiveGroup runs them on its
 recursive-doubling schedule (collectives/allreduce.py), over gloo or NCCL point to point:
 
-1. MAX of two int32 a block of `block` elements: E with |L_r| < 2^E for every element and rank of the block,
-   and 1 where some rank's `bad` is non-zero there.
+1. MAX of one byte a block of `block` elements: E with |L_r| < 2^E for every element and rank of the block
+   (E < 144), or 255 where the rank's `bad` is non-zero there; the flagged blocks' E (rare) follow in one more
+   byte MAX (`agree_tops`).
 2. SUM of one int64 an element: with K = bit_length(R) and s = max(0, E + K - min(53, 62 - K)) for its block,
    each rank sends (floor(L_r / 2^s) << K) + [L_r mod 2^s != 0]. |floor(L_r / 2^s)| <= 2^(E-s), so any partial
    sum of R words stays below 2^(E-s+2K) + 2^K <= 2^62 + 2^K: no overflow in any order. The total is
@@ -35,7 +36,8 @@ import torch
 
 from .limbs import DIGIT, F32, F64, GRID, combine, normalize, normalize_, scaled, to_float32
 
-I32, I64 = torch.int32, torch.int64
+I32, I64, U8 = torch.int32, torch.int64, torch.uint8
+FLAGGED = 255  # phase 1's byte for a block with a non-finite stand-in (a block's E is below 144)
 WORD = 62  # bit-relevant: every partial sum of words stays below 2^62 + 2^K in magnitude
 MANT = 53  # bit-relevant: |H| <= 2^53, so lo = H 2^s is a float64
 MARGIN = float.fromhex("0x1p-40")  # bit-relevant: the settle test's outward widening (the chain's error < 2^-49.9)
@@ -97,8 +99,8 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     info = torch.zeros((2, stats.blocks), dtype=I32, device=dev)
     for p in pieces:
         _scan(p, info[:, p.blocks], block, chunk)
-    group.all_reduce_max_(info)
-    s = (info[0].to(I64) + (k - min(MANT, WORD - k))).clamp_(min=0)
+    top, flagged = agree_tops(info, [group])
+    s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
     words = torch.empty(stats.elements, dtype=I64, device=dev)
     for p in pieces:
         _encode(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk)
@@ -111,7 +113,6 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     stats.unsettled = sum(int(i.numel()) for i in late)
     if stats.unsettled:
         _resend(pieces, late, s, k, words, scale, outs, block, group)
-    flagged = (info[1] > 0).nonzero().squeeze(1)
     stats.flagged_blocks = int(flagged.numel())
     if stats.flagged_blocks:
         _non_finite(pieces, flagged, outs, block, group)
@@ -161,6 +162,23 @@ def _scan(p: _Piece, info: torch.Tensor, block: int, chunk: int) -> None:
         info[0, j:j + rows] = _top(*normalize_(*_rows(p, a, b, rows, width)))
         if p.bad is not None:
             info[1, j:j + rows] = (p.bad[a:b].view(rows, width) != 0).any(dim=1).to(I32)
+
+
+def agree_tops(info: torch.Tensor, groups: Sequence[SumGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phase 1's MAX over `groups` in turn: (E per block, int64; the flagged blocks' indices) from this rank's
+    `info` (E, flag) rows. One byte a block: E (< 144: |L| < 2^142), or FLAGGED where the rank's stand-ins are
+    non-zero; the flagged blocks' own E follow in a second MAX, only when there are any (every rank knows)."""
+    tops = torch.where(info[1] > 0, FLAGGED, info[0]).to(U8)
+    for g in groups:
+        g.all_reduce_max_(tops)
+    flagged = (tops == FLAGGED).nonzero().squeeze(1)
+    out = tops.to(I64)
+    if flagged.numel():
+        again = info[0, flagged].to(U8)
+        for g in groups:
+            g.all_reduce_max_(again)
+        out[flagged] = again.to(I64)
+    return out, flagged
 
 
 def _top(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:

@@ -402,7 +402,8 @@ def test_settled_intervals_hold_one_result(scale, one_thread):
 
 
 def test_wire_bytes_and_refusals(one_thread):
-    """One rank: phase 2's word per element and phase 1's two int32 per block go through the group, nothing else."""
+    """One rank: phase 2's word per element and phase 1's byte per block go through the group, nothing else; a flagged
+    block costs one more byte."""
     sent = []
 
     class Solo:
@@ -419,7 +420,14 @@ def test_wire_bytes_and_refusals(one_thread):
     x.add(torch.linspace(1, 3, 5000))
     got, stats = compact_exact_sum([x.wire()], Solo(), 0.5)
     assert torch.equal(got[0].view(I32), x.result(0.5).view(I32))
-    assert sent == [("max", 2 * 4 * 5), ("sum", 8 * 5000)] and stats.unsettled == 0
+    assert sent == [("max", 5), ("sum", 8 * 5000)] and stats.unsettled == 0
+    sent.clear()
+    y = ExactSum((5000,), "cpu")
+    y.add(torch.linspace(-1, 1, 5000))
+    y.add(torch.linspace(1, 3, 5000).index_fill(0, torch.tensor([3000]), float("inf")))
+    got, stats = compact_exact_sum([y.wire()], Solo(), 0.5)
+    assert torch.equal(got[0].view(I32), y.result(0.5).view(I32)) and stats.flagged_blocks == 1
+    assert sent == [("max", 5), ("max", 1), ("sum", 8 * 5000), ("sum", 8 * 1024)]
     with pytest.raises(ValueError):
         compact_exact_sum([(torch.zeros(3, 4, dtype=torch.int32), None)], Solo(), 1.0)
     with pytest.raises(ValueError):
