@@ -40,6 +40,7 @@ I32, I64, U8 = torch.int32, torch.int64, torch.uint8
 FLAGGED = 255  # phase 1's byte for a block with a non-finite stand-in (a block's E is below 144)
 WORD = 62  # bit-relevant: every partial sum of words stays below 2^62 + 2^K in magnitude
 MANT = 53  # bit-relevant: |H| <= 2^53, so lo = H 2^s is a float64
+FITS = 3 * DIGIT - 17  # |L| < 2^103: floor(L / 2^40) fits an int64 (the encode's two-shift path)
 MARGIN = float.fromhex("0x1p-40")  # bit-relevant: the settle test's outward widening (the chain's error < 2^-49.9)
 MAX_WORLD = 1 << 16  # keeps s - 80 < 40: a rank's low part fits three 40-bit limbs
 LOW40 = (1 << DIGIT) - 1
@@ -250,7 +251,9 @@ def _encode(p: _Piece, s: torch.Tensor, k: int, words: torch.Tensor, block: int,
 def _word(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, s: torch.Tensor,
           k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(floor(L / 2^s) << K, [L mod 2^s != 0]) of normalized limbs; shortcuts where every s of the chunk is at most
-    40 (then |L| < 2^93: l2 * 2^40 + l1 fits) or within 40..80 (l0 lies wholly in the low part)."""
+    40 (then |L| < 2^93: l2 * 2^40 + l1 fits), within 40..80 (l0 lies wholly in the low part), or where every
+    block's E is at most FITS (gradients: s on both sides of 40), so that floor(L / 2^40) = l2 * 2^40 + l1 fits and
+    floor(L / 2^s) takes two exact shifts, by a = min(s, 40) and then by s - a."""
     lo, hi = int(s.min()), int(s.max())
     if hi <= DIGIT:
         h = (((l2 << DIGIT) + l1) << (DIGIT - s)) + (l0 >> s)
@@ -258,11 +261,17 @@ def _word(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, s: torch.Tensor,
     elif lo >= DIGIT and hi <= 2 * DIGIT:
         h = (l2 << (2 * DIGIT - s)) + (l1 >> (s - DIGIT))
         low = l0 | (l1 & _mask(s - DIGIT))
+    elif hi + min(MANT, WORD - k) - k <= FITS:  # E = s + min(53, 62 - K) - K where s > 0
+        a = s.clamp(max=DIGIT)
+        # floor(L / 2^a): where a = s it is floor(L / 2^s), |.| <= 2^(E - s) <= 2^53; else floor(L / 2^40)
+        la = (((l2 << DIGIT) + l1) << (DIGIT - a)) + (l0 >> a)
+        h = la >> (s - a)
+        low = (l0 & _mask(a)) | (la & _mask(s - a))
     else:
         h = _floor_shift(l0, l1, l2, s)
         parts = _low(l0, l1, l2, s)
         low = parts[0] | parts[1] | parts[2]
-    return h << k, (low != 0).to(I64)
+    return h << k, low.clamp_(max=1)  # low >= 0: its flag as an int64 0 or 1
 
 
 def _decode(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: torch.Tensor, block: int,
@@ -277,10 +286,10 @@ def _decode(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: tor
         # bit-relevant: lo = h 2^s is a float64 (|h| <= 2^53), so the chain's value is fl(h) 2^s; `scaled` takes
         # it times 2^-GRID (exact) times `scale` (one rounding): fl(h * (2^(s - GRID) * scale)), the factor exact
         lo = h.to(F64) * (_pow2(sb - GRID) * scale)
-        out[a:b].view(rows, width).copy_(to_float32(lo, None))
-        hit = f != 0
-        m = int(torch.count_nonzero(hit))
+        out[a:b].view(rows, width).copy_(lo)  # the one float32 rounding (to_float32 without stand-ins), in place
+        m = int(torch.count_nonzero(f))
         if m:
+            hit = f != 0
             tested += m
             ok = _settled(h[hit], f[hit], sb.expand(rows, width)[hit], lo[hit], scale)
             late.append(hit.view(-1).nonzero().squeeze(1)[~ok] + a)

@@ -338,10 +338,12 @@ def test_block_tops_bound_every_sum_within_a_bit():
         assert all(abs(v) < 1 << got for v in r) and got <= top + 1, (top, got)
 
 
-@pytest.mark.parametrize("shifts", [(0,), (23,), (40,), (41,), (77,), (80,), (3, 45), (39, 90), (60, 114)])
+@pytest.mark.parametrize("shifts", [(0,), (23,), (40,), (41,), (77,), (80,), (3, 45), (12, 40, 54), (39, 90),
+                                    (60, 114)])
 def test_words_pack_the_floor_and_the_low_flag(shifts):
-    """Every shift regime of `_word` (all shifts of a chunk up to 40, within 40..80, or else), on sums that keep
-    the wire's bound |L| < 2^(s + 53 - K)."""
+    """Every shift regime of `_word` (all shifts of a chunk up to 40, within 40..80, on both sides of 40 with every
+    |L| < 2^103 (the two-shift path, up to its bound), or else), on sums that keep the wire's bound
+    |L| < 2^(s + 53 - K)."""
     k = 4
     s = [shifts[i % len(shifts)] for i in range(600)]
     tops = [min(x + 49, 138) for x in s]  # within the limbs' range
