@@ -1,6 +1,6 @@
 """When the cross-rank gradient reduction runs: bucket by bucket inside the last local backward, or after it.
 
-    python3 benchmarks/overlap.py --meshes 2x1,4x1,2x2 --steps 4 --warmup 1 --out docs/results/overlap.json
+    python3 benchmarks/overlap.py --out docs/results/overlap.json       # gloo: meshes 2x1, 4x1, 2x2; 6 steps, 1 warm-up
     python3 benchmarks/overlap.py --backend nccl --meshes 2x1 --out overlap_nccl.json   # one GPU a rank, Triton ops
 
 R x S gloo ranks on this CPU (torch.multiprocessing spawn, one torch thread each) train the `--config` model
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="tiny")
     p.add_argument("--corpus", default=None)
     p.add_argument("--bucket-elements", type=int, default=1 << 16)
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"), help="nccl: one GPU a rank")
     p.add_argument("--ops", default=None, help="the op backend (default: ref on gloo, triton on nccl)")
