@@ -42,7 +42,7 @@ class CollectiveGroup:
         self.group = group
         self.native = native
         self.chunks = chunks  # pipelining of the deterministic all-reduce; never changes its bits
-        self._scratch: dict[torch.dtype, list[torch.Tensor]] = {}  # receive buffers kept (first touch is slow)
+        self._scratch: dict[tuple, list[torch.Tensor]] = {}  # receive buffers kept (first touch is slow)
         self.backend = str(dist.get_backend(group))
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -103,7 +103,8 @@ class CollectiveGroup:
         return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor))
 
     def _pool(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        return self._scratch.setdefault(tensor.dtype, [])  # one pool a dtype: the exact wire mixes int32/64, float64
+        # one pool a dtype and device: the exact wire mixes uint8, int64 and float64
+        return self._scratch.setdefault((tensor.dtype, tensor.device), [])
 
     def average_(self, tensor: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """tensor *= 1/n (default n = world) as a reciprocal multiply."""
@@ -132,14 +133,23 @@ class CollectiveGroup:
         if self.native:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
             return tensor
-        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor))
+        return self._scheduled(tensor, "sum")
 
     def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place elementwise max over the group on the recursive-doubling schedule (torch's own in native mode)."""
         if self.native:
             dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
             return tensor
-        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor), op="max")
+        return self._scheduled(tensor, "max")
+
+    def _scheduled(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """The recursive-doubling schedule in place; under gloo a GPU tensor goes through a host copy (gloo's point
+        to point moves host memory only; its all-reduce takes GPU tensors, which Ray GPU workers sharing a GPU use)."""
+        if self.backend == "gloo" and tensor.device.type != "cpu":
+            host = tensor.cpu()
+            _det_all_reduce_(host, self.group, self.chunks, self._pool(host), op=op)
+            return tensor.copy_(host)
+        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor), op=op)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite `tensor` with rank `src`'s (group rank) in place (data movement only)."""
