@@ -3,7 +3,7 @@
     python3 benchmarks/collectives.py                                  # gloo, CPU, 2 and 4 processes, 4M-64M elements
     python3 benchmarks/collectives.py --backend nccl --procs 2         # NCCL, one GPU per process, 4M-256M elements
     python3 benchmarks/collectives.py --procs 2,4,7,8 --sizes-m 16,64 \
-        --methods native,native-bf16,exact-limbs,exact-compact --reps 3 --warmup 1   # the exact wires on gloo
+        --methods native,native-bf16,exact-limbs,exact-compact,exact-compact-native --reps 3 --warmup 1   # exact, gloo
     options: --sizes-m 4,16,64 (or --sizes-mb: MB of float32)  --methods LIST  --reps N  --warmup N  --chunks 1,8
              --out FILE
 
@@ -15,11 +15,14 @@ Methods (M = 2^20 elements; each rank's buffer is a float32 partial hashed from 
   exact-limbs    the exact gradient sum's limb wire: each rank's ExactSum limbs (3 x int64) and non-finite
                  stand-ins (float64) all-reduced, then ExactSum.result(1/R) (by pieces of 2^16 elements on a
                  CPU, which stay in cache: the same bits)
-  exact-compact  the same sum on collectives/exact_wire.py (ExactSum's bits, ~8 bytes an element)
+  exact-compact  the same sum on collectives/exact_wire.py (ExactSum's bits, ~8 bytes an element), its integer
+                 all-reduces on CollectiveGroup's recursive-doubling schedule
+  exact-compact-native  the same with torch.distributed.all_reduce doing the wire's integer sums and maxima
 Time: median over reps of the slowest rank's seconds for the method, from the rank's buffer (or accumulator)
 to the summed float32 (refills between reps are not timed; the compact wire leaves its limbs the same integers
-and needs none). wire_bytes_per_element: the bytes handed to torch.distributed.all_reduce during the timed calls
-(every phase counted), per rep and element; det moves its data point to point (not counted). Checks: det's
+and needs none). wire_bytes_per_element: the bytes handed to torch.distributed.all_reduce or to the group's
+all_reduce_sum_ / all_reduce_max_ (the exact wires' integers, on the recursive-doubling schedule) during the timed
+calls (every phase counted), per rep and element; det moves its data point to point (not counted). Checks: det's
 bits against TreeFold of all ranks' partials (rank 0 rebuilds them), exact-compact's against exact-limbs', and
 that every rank holds the same bits. A method whose estimated memory for all ranks exceeds 85% of the memory
 available is skipped and says so.
@@ -57,10 +60,11 @@ M = 1 << 20
 TILE = 1 << 20  # the hashed block every partial tiles
 FILL = 1 << 20  # elements per ExactSum when filling limbs (untimed; bounds the temporaries)
 PIECE = 1 << 16  # elements per ExactSum.result of summed limbs: in cache, as the compact wire's passes on a CPU
-METHODS = ("det", "native", "native-bf16", "exact", "exact-limbs", "exact-compact")
+METHODS = ("det", "native", "native-bf16", "exact", "exact-limbs", "exact-compact", "exact-compact-native")
 # bytes per element a rank holds at once while a method runs (its buffers and the others' of its phase), for the
 # memory guard; PROCESS: a rank's own (torch, gloo, the interpreter, the fill's temporaries)
-FOOTPRINT = {"det": 24, "native": 16, "native-bf16": 16, "exact": 28, "exact-limbs": 36, "exact-compact": 36}
+FOOTPRINT = {"det": 24, "native": 16, "native-bf16": 16, "exact": 28, "exact-limbs": 36, "exact-compact": 36,
+             "exact-compact-native": 36}
 PROCESS = 800 << 20
 SENT = {"bytes": 0, "on": False}
 
@@ -94,6 +98,18 @@ def _counting_all_reduce():
         return plain(tensor, *args, **kw)
 
     return all_reduce
+
+
+def _counting_group_reduce(plain):
+    """A CollectiveGroup all-reduce method (the compact wire's SUM and MAX, on the recursive-doubling schedule) that
+    adds its tensor's bytes to SENT while SENT["on"], as torch.distributed.all_reduce's are."""
+
+    def reduce_(self, tensor, *args, **kw):
+        if SENT["on"] and not self.native:  # native mode calls torch.distributed.all_reduce: counted there
+            SENT["bytes"] += tensor.numel() * tensor.element_size()
+        return plain(self, tensor, *args, **kw)
+
+    return reduce_
 
 
 def _sync(dev: torch.device) -> None:
@@ -210,22 +226,24 @@ def _exact_methods(g, cfg, n, rank, world, row) -> None:
         row["checks"]["exact-limbs"] = {"ranks agree": _agree(want, g)}
         want = _digest(want)
         del bad
-    if "exact-compact" in cfg["methods"]:
+    for name, group in (("exact-compact", g), ("exact-compact-native", CollectiveGroup(None, native=True, device=dev))):
+        if name not in cfg["methods"]:
+            continue
         _fill(limbs, None, rank, seed)
         got, stats = [], {}
 
         def compact() -> None:
-            out, st = compact_exact_sum([(limbs, None)], g, scale)
+            out, st = compact_exact_sum([(limbs, None)], group, scale)
             got[:] = out
             stats.update(vars(st))
 
         ms, sent = _time(compact, lambda: None, g, cfg["warmup"], cfg["reps"])
-        row["ms"]["exact-compact"], row["wire_bytes_per_element"]["exact-compact"] = 1e3 * ms, sent / n
+        row["ms"][name], row["wire_bytes_per_element"][name] = 1e3 * ms, sent / n
         checks = {"ranks agree": _agree(got[0], g)}
         if want is not None:
             checks["= exact-limbs"] = _all(_digest(got[0]) == want, dev)
-        row["checks"]["exact-compact"] = checks
-        row["compact"] = stats
+        row["checks"][name] = checks
+        row["compact" if group is g else "compact_native"] = stats
 
 
 def _worker(rank: int, world: int, port: int, cfg: dict, out_dir: str) -> None:
@@ -233,6 +251,8 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out_dir: str) -> None:
     if backend == "gloo":
         torch.set_num_threads(1)
     dist.all_reduce = _counting_all_reduce()
+    CollectiveGroup.all_reduce_sum_ = _counting_group_reduce(CollectiveGroup.all_reduce_sum_)
+    CollectiveGroup.all_reduce_max_ = _counting_group_reduce(CollectiveGroup.all_reduce_max_)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     g = CollectiveGroup.init(rank, world, master_addr="127.0.0.1", master_port=port, backend=backend,
                              device=dev, timeout_s=3600)

@@ -37,8 +37,9 @@ def simulate_allreduce(partials: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, chunks: int = 1,
-                scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+                scratch: list[torch.Tensor] | None = None, op: str = "sum") -> torch.Tensor:
     """Deterministic in-place sum of `tensor` over `group`; every rank gets TreeFold's bits. Returns tensor.
+    op "max": the elementwise maximum over the same schedule (exact in any order).
 
     chunks > 1 pipelines each round: all chunk exchanges are posted, and chunk c is added as soon as it
     has arrived, overlapping the adds with the transfers. Elementwise adds per chunk: the same bits.
@@ -62,7 +63,7 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, ch
         for (a, b), ws in zip(bounds, works):
             for w in ws:
                 w.wait()
-            fold_into(flat[a:b], rank, step.fold, {p: buf[a:b] for p, buf in zip(step.recvs, bufs)})
+            fold_into(flat[a:b], rank, step.fold, {p: buf[a:b] for p, buf in zip(step.recvs, bufs)}, op)
     return tensor
 
 

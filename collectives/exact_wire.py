@@ -2,10 +2,12 @@
 
 Each rank holds per element the integer L_r of its exact partial sum, three int64 limbs (collectives/limbs.py),
 and a float64 non-finite stand-in `bad` (0 unless inf/NaN). The limb wire all-reduces all four words; this one
-runs up to four all-reduces, each exact in any order (integer sums, a max), so torch's native ones may do them:
+runs up to four all-reduces, each exact in any order (integer sums, a max); CollectiveGroup runs them on its
+recursive-doubling schedule (collectives/allreduce.py), over gloo or NCCL point to point:
 
-1. MAX of two int32 a block of `block` elements: E with |L_r| < 2^E for every element and rank of the block,
-   and 1 where some rank's `bad` is non-zero there.
+1. MAX of one byte a block of `block` elements: E with |L_r| < 2^E for every element and rank of the block
+   (E < 144), or 255 where the rank's `bad` is non-zero there; the flagged blocks' E (rare) follow in one more
+   byte MAX (`agree_tops`).
 2. SUM of one int64 an element: with K = bit_length(R) and s = max(0, E + K - min(53, 62 - K)) for its block,
    each rank sends (floor(L_r / 2^s) << K) + [L_r mod 2^s != 0]. |floor(L_r / 2^s)| <= 2^(E-s), so any partial
    sum of R words stays below 2^(E-s+2K) + 2^K <= 2^62 + 2^K: no overflow in any order. The total is
@@ -34,16 +36,19 @@ import torch
 
 from .limbs import DIGIT, F32, F64, GRID, combine, normalize, normalize_, scaled, to_float32
 
-I32, I64 = torch.int32, torch.int64
+I32, I64, U8 = torch.int32, torch.int64, torch.uint8
+FLAGGED = 255  # phase 1's byte for a block with a non-finite stand-in (a block's E is below 144)
 WORD = 62  # bit-relevant: every partial sum of words stays below 2^62 + 2^K in magnitude
 MANT = 53  # bit-relevant: |H| <= 2^53, so lo = H 2^s is a float64
+FITS = 3 * DIGIT - 17  # |L| < 2^103: floor(L / 2^40) fits an int64 (the encode's two-shift path)
 MARGIN = float.fromhex("0x1p-40")  # bit-relevant: the settle test's outward widening (the chain's error < 2^-49.9)
 MAX_WORLD = 1 << 16  # keeps s - 80 < 40: a rank's low part fits three 40-bit limbs
 LOW40 = (1 << DIGIT) - 1
 
 
 class SumGroup(Protocol):
-    """What the wire needs of a group: its size and in-place all-reduces (integer SUM, MAX; float64 SUM)."""
+    """What the wire needs of a group: its size and in-place all-reduces (integer SUM, MAX; float64 SUM), e.g.
+    CollectiveGroup's (the recursive-doubling schedule)."""
 
     world: int
 
@@ -95,8 +100,8 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     info = torch.zeros((2, stats.blocks), dtype=I32, device=dev)
     for p in pieces:
         _scan(p, info[:, p.blocks], block, chunk)
-    group.all_reduce_max_(info)
-    s = (info[0].to(I64) + (k - min(MANT, WORD - k))).clamp_(min=0)
+    top, flagged = agree_tops(info, [group])
+    s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
     words = torch.empty(stats.elements, dtype=I64, device=dev)
     for p in pieces:
         _encode(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk)
@@ -109,7 +114,6 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     stats.unsettled = sum(int(i.numel()) for i in late)
     if stats.unsettled:
         _resend(pieces, late, s, k, words, scale, outs, block, group)
-    flagged = (info[1] > 0).nonzero().squeeze(1)
     stats.flagged_blocks = int(flagged.numel())
     if stats.flagged_blocks:
         _non_finite(pieces, flagged, outs, block, group)
@@ -159,6 +163,23 @@ def _scan(p: _Piece, info: torch.Tensor, block: int, chunk: int) -> None:
         info[0, j:j + rows] = _top(*normalize_(*_rows(p, a, b, rows, width)))
         if p.bad is not None:
             info[1, j:j + rows] = (p.bad[a:b].view(rows, width) != 0).any(dim=1).to(I32)
+
+
+def agree_tops(info: torch.Tensor, groups: Sequence[SumGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phase 1's MAX over `groups` in turn: (E per block, int64; the flagged blocks' indices) from this rank's
+    `info` (E, flag) rows. One byte a block: E (< 144: |L| < 2^142), or FLAGGED where the rank's stand-ins are
+    non-zero; the flagged blocks' own E follow in a second MAX, only when there are any (every rank knows)."""
+    tops = torch.where(info[1] > 0, FLAGGED, info[0]).to(U8)
+    for g in groups:
+        g.all_reduce_max_(tops)
+    flagged = (tops == FLAGGED).nonzero().squeeze(1)
+    out = tops.to(I64)
+    if flagged.numel():
+        again = info[0, flagged].to(U8)
+        for g in groups:
+            g.all_reduce_max_(again)
+        out[flagged] = again.to(I64)
+    return out, flagged
 
 
 def _top(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
@@ -230,7 +251,9 @@ def _encode(p: _Piece, s: torch.Tensor, k: int, words: torch.Tensor, block: int,
 def _word(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, s: torch.Tensor,
           k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(floor(L / 2^s) << K, [L mod 2^s != 0]) of normalized limbs; shortcuts where every s of the chunk is at most
-    40 (then |L| < 2^93: l2 * 2^40 + l1 fits) or within 40..80 (l0 lies wholly in the low part)."""
+    40 (then |L| < 2^93: l2 * 2^40 + l1 fits), within 40..80 (l0 lies wholly in the low part), or where every
+    block's E is at most FITS (gradients: s on both sides of 40), so that floor(L / 2^40) = l2 * 2^40 + l1 fits and
+    floor(L / 2^s) takes two exact shifts, by a = min(s, 40) and then by s - a."""
     lo, hi = int(s.min()), int(s.max())
     if hi <= DIGIT:
         h = (((l2 << DIGIT) + l1) << (DIGIT - s)) + (l0 >> s)
@@ -238,11 +261,17 @@ def _word(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, s: torch.Tensor,
     elif lo >= DIGIT and hi <= 2 * DIGIT:
         h = (l2 << (2 * DIGIT - s)) + (l1 >> (s - DIGIT))
         low = l0 | (l1 & _mask(s - DIGIT))
+    elif hi + min(MANT, WORD - k) - k <= FITS:  # E = s + min(53, 62 - K) - K where s > 0
+        a = s.clamp(max=DIGIT)
+        # floor(L / 2^a): where a = s it is floor(L / 2^s), |.| <= 2^(E - s) <= 2^53; else floor(L / 2^40)
+        la = (((l2 << DIGIT) + l1) << (DIGIT - a)) + (l0 >> a)
+        h = la >> (s - a)
+        low = (l0 & _mask(a)) | (la & _mask(s - a))
     else:
         h = _floor_shift(l0, l1, l2, s)
         parts = _low(l0, l1, l2, s)
         low = parts[0] | parts[1] | parts[2]
-    return h << k, (low != 0).to(I64)
+    return h << k, low.clamp_(max=1)  # low >= 0: its flag as an int64 0 or 1
 
 
 def _decode(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: torch.Tensor, block: int,
@@ -257,10 +286,10 @@ def _decode(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: tor
         # bit-relevant: lo = h 2^s is a float64 (|h| <= 2^53), so the chain's value is fl(h) 2^s; `scaled` takes
         # it times 2^-GRID (exact) times `scale` (one rounding): fl(h * (2^(s - GRID) * scale)), the factor exact
         lo = h.to(F64) * (_pow2(sb - GRID) * scale)
-        out[a:b].view(rows, width).copy_(to_float32(lo, None))
-        hit = f != 0
-        m = int(torch.count_nonzero(hit))
+        out[a:b].view(rows, width).copy_(lo)  # the one float32 rounding (to_float32 without stand-ins), in place
+        m = int(torch.count_nonzero(f))
         if m:
+            hit = f != 0
             tested += m
             ok = _settled(h[hit], f[hit], sb.expand(rows, width)[hit], lo[hit], scale)
             late.append(hit.view(-1).nonzero().squeeze(1)[~ok] + a)

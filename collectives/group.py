@@ -18,7 +18,7 @@ from .p2p import exchange
 from .reduce_scatter import all_gather as _all_gather
 from .reduce_scatter import gather as _gather
 from .reduce_scatter import reduce_scatter as _det_reduce_scatter
-from .reduce_scatter import shard_bounds
+from .reduce_scatter import split_bounds
 
 
 def free_port() -> int:
@@ -42,7 +42,7 @@ class CollectiveGroup:
         self.group = group
         self.native = native
         self.chunks = chunks  # pipelining of the deterministic all-reduce; never changes its bits
-        self._scratch: list[torch.Tensor] = []  # receive buffers reused across calls (first touch is slow)
+        self._scratch: dict[tuple, list[torch.Tensor]] = {}  # receive buffers kept (first touch is slow)
         self.backend = str(dist.get_backend(group))
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -100,20 +100,24 @@ class CollectiveGroup:
         if self.native:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
             return tensor
-        return _det_all_reduce_(tensor, self.group, self.chunks, self._scratch)
+        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor))
+
+    def _pool(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        # one pool a dtype and device: the exact wire mixes uint8, int64 and float64
+        return self._scratch.setdefault((tensor.dtype, tensor.device), [])
 
     def average_(self, tensor: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """tensor *= 1/n (default n = world) as a reciprocal multiply."""
         return _average_(tensor, self.world if n is None else n)
 
-    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
-        """This rank's `shard_bounds` shard of the sum of `tensor` over the group (1-D)."""
+    def reduce_scatter(self, tensor: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        """This rank's shard of the sum of `tensor` over the group (1-D): `shard_bounds`'s, or of the given `sizes`."""
         if self.native:
             full = tensor.detach().reshape(-1).clone()
             dist.all_reduce(full, op=dist.ReduceOp.SUM, group=self.group)  # gloo has no reduce_scatter
-            a, b = shard_bounds(full.numel(), self.world)[self.rank]
+            a, b = split_bounds(full.numel(), self.world, sizes)[self.rank]
             return full[a:b].clone()
-        return _det_reduce_scatter(tensor, self.group)
+        return _det_reduce_scatter(tensor, self.group, sizes)
 
     def all_gather(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
         """The full 1-D buffer of `numel` elements from every rank's shard (data movement only)."""
@@ -124,14 +128,28 @@ class CollectiveGroup:
         return _gather(shard, numel, self.group, dst)
 
     def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """In-place sum with torch's own all-reduce, for integers (exact in any order; the compact exact wire)."""
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
-        return tensor
+        """In-place sum for the compact exact wire's integers (and its non-finite stand-ins): the recursive-doubling
+        schedule, as `all_reduce_` (integer sums are exact in any order anyway); torch's own in native mode."""
+        if self.native:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+            return tensor
+        return self._scheduled(tensor, "sum")
 
     def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """In-place elementwise max over the group (torch's own: a max is exact in any order)."""
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
-        return tensor
+        """In-place elementwise max over the group on the recursive-doubling schedule (torch's own in native mode)."""
+        if self.native:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+            return tensor
+        return self._scheduled(tensor, "max")
+
+    def _scheduled(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """The recursive-doubling schedule in place; under gloo a GPU tensor goes through a host copy (gloo's point
+        to point moves host memory only; its all-reduce takes GPU tensors, which Ray GPU workers sharing a GPU use)."""
+        if self.backend == "gloo" and tensor.device.type != "cpu":
+            host = tensor.cpu()
+            _det_all_reduce_(host, self.group, self.chunks, self._pool(host), op=op)
+            return tensor.copy_(host)
+        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor), op=op)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite `tensor` with rank `src`'s (group rank) in place (data movement only)."""
@@ -147,11 +165,11 @@ class CollectiveGroup:
 
     def release_scratch(self) -> None:
         """Drop the cached receive buffers."""
-        self._scratch = []
+        self._scratch = {}
 
     def destroy(self) -> None:
         """Tear down the process group if this object created it."""
-        self._scratch = []
+        self._scratch = {}
         if self._owns_default and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_default = False

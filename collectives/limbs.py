@@ -16,17 +16,17 @@ DIGIT = 40  # bits per limb digit; 3 limbs span 120 bits, |g| * 2^GRID < 2^120
 LIMIT = float(1 << (3 * DIGIT - GRID))  # 2^24: larger magnitudes are flagged, not wrapped
 MAX_PARTIALS = 1 << 22  # 2^40 * 2^22 = 2^62: no limb overflows before normalization
 M40, M80 = float(1 << DIGIT), float(1 << (2 * DIGIT))
+LOW = (1 << DIGIT) - 1
 DOWN = float.fromhex("0x1p-96")  # 2^-GRID, exact
 
 
 def normalize_(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """In place, the same integer with 0 <= l0, l1 < 2^40 (arithmetic shifts are floors); l2 keeps the sign."""
-    c = l0 >> DIGIT
-    l0 -= c << DIGIT
-    l1 += c
-    c = l1 >> DIGIT
-    l1 -= c << DIGIT
-    l2 += c
+    """In place, the same integer with 0 <= l0, l1 < 2^40 (arithmetic shifts are floors, and x - (x >> 40 << 40) is
+    x's low 40 bits in two's complement); l2 keeps the sign."""
+    l1 += l0 >> DIGIT
+    l0 &= LOW
+    l2 += l1 >> DIGIT
+    l1 &= LOW
     return l0, l1, l2
 
 

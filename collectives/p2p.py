@@ -32,8 +32,10 @@ def _global(group_rank: int, group: dist.ProcessGroup | None) -> int:
     return dist.get_global_rank(group, group_rank)
 
 
-def fold_into(acc: torch.Tensor, rank: int, fold: Sequence[int], got: dict[int, torch.Tensor]) -> None:
-    """acc <- the left-to-right sum of the values of `fold` (acc itself for `rank`, else received)."""
+def fold_into(acc: torch.Tensor, rank: int, fold: Sequence[int], got: dict[int, torch.Tensor],
+              op: str = "sum") -> None:
+    """acc <- the left-to-right sum (op "sum") or maximum (op "max") of the values of `fold` (acc itself for `rank`,
+    else received)."""
     if not fold:
         return
     ops = [acc if x == rank else got[x] for x in fold]
@@ -43,6 +45,13 @@ def fold_into(acc: torch.Tensor, rank: int, fold: Sequence[int], got: dict[int, 
         return
     if rank in fold[2:]:
         raise ValueError(f"rank {rank}'s own value must be among the first two operands of {tuple(fold)}")
+    if op == "max":  # exact in any order
+        torch.maximum(ops[0], ops[1], out=acc)
+        for o in ops[2:]:
+            torch.maximum(acc, o, out=acc)
+        return
+    if op != "sum":
+        raise ValueError(f"fold op must be 'sum' or 'max', got {op!r}")
     # bit-relevant: plain elementwise adds, strictly left to right (in place gives the same bits)
     torch.add(ops[0], ops[1], out=acc)
     for o in ops[2:]:

@@ -35,11 +35,24 @@ def ascending_sum(chunks: list[torch.Tensor]) -> torch.Tensor:
     return acc
 
 
-def simulate_reduce_scatter(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def split_bounds(n: int, world: int, sizes: list[int] | None = None) -> list[tuple[int, int]]:
+    """(start, stop) of each rank's shard: `shard_bounds`, or consecutive pieces of the given `sizes` (summing to n)."""
+    if sizes is None:
+        return shard_bounds(n, world)
+    if len(sizes) != world or sum(sizes) != n or min(sizes) < 0:
+        raise ValueError(f"reduce-scatter sizes {sizes} must be {world} counts >= 0 summing to {n}")
+    out, start = [], 0
+    for k in sizes:
+        out.append((start, start + k))
+        start += k
+    return out
+
+
+def simulate_reduce_scatter(inputs: list[torch.Tensor], sizes: list[int] | None = None) -> list[torch.Tensor]:
     """Rank r's shard of the ascending-rank sum of `inputs` (one full buffer per rank), in one process."""
     world = len(inputs)
     flat = [x.detach().reshape(-1) for x in inputs]
-    bounds = shard_bounds(flat[0].numel(), world)
+    bounds = split_bounds(flat[0].numel(), world, sizes)
     # all-to-all: rank r receives slice r of every rank's buffer (data movement only)
     inbox = [[flat[s][a:b].clone() for s in range(world)] for a, b in bounds]
     return [ascending_sum(chunks) for chunks in inbox]
@@ -51,11 +64,13 @@ def simulate_all_gather(shards: list[torch.Tensor]) -> list[torch.Tensor]:
     return [full.clone() for _ in shards]
 
 
-def reduce_scatter(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """This rank's shard (1-D, `shard_bounds` sizes) of the ascending-rank sum of `tensor` over `group`."""
+def reduce_scatter(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                   sizes: list[int] | None = None) -> torch.Tensor:
+    """This rank's shard (1-D; `shard_bounds` sizes, or the given `sizes`) of the ascending-rank sum of `tensor` over
+    `group`."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     flat = tensor.detach().reshape(-1).contiguous()
-    bounds = shard_bounds(flat.numel(), world)
+    bounds = split_bounds(flat.numel(), world, sizes)
     a, b = bounds[rank]
     chunks = [flat[a:b] if s == rank else torch.empty(b - a, dtype=flat.dtype, device=flat.device)
               for s in range(world)]

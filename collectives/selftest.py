@@ -55,6 +55,8 @@ def check(g: CollectiveGroup, n: int = 4097, seed: int = 0) -> dict:
     res["average"] = _same(g.average_(out.clone()), ref * reciprocal(world))
     shard = g.reduce_scatter(mine)
     res["reduce_scatter"] = _same(shard, simulate_reduce_scatter(ps)[rank])
+    sizes = [n - (world - 2)] + [1] * (world - 2) + [0] if world > 1 else [n]  # uneven, the last one empty
+    res["reduce_scatter_sizes"] = _same(g.reduce_scatter(mine, sizes), simulate_reduce_scatter(ps, sizes)[rank])
     res["all_gather"] = _same(g.all_gather(shard, n), torch.cat(simulate_reduce_scatter(ps)))
     got = g.gather(shard, n, dst=world - 1)
     res["gather"] = _same(got, torch.cat(simulate_reduce_scatter(ps))) if rank == world - 1 else got is None

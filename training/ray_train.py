@@ -67,12 +67,24 @@ class TorchGroup:
         self._dist = dist
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._meshes: dict[int, tuple] = {}
+        self._collectives = None
+
+    @property
+    def collectives(self):
+        """collectives.CollectiveGroup over the default group, made at the first reduction (every rank reaches it at
+        the same point; by then a GPU worker's device is set, on whichever thread reduces)."""
+        if self._collectives is None:
+            from collectives import CollectiveGroup
+
+            self._collectives = CollectiveGroup()
+            self._collectives.warm_up()
+        return self._collectives
 
     def all_reduce_sum_(self, t: torch.Tensor) -> None:
-        self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM)  # int64 (or inf/NaN flags): order-free
+        self.collectives.all_reduce_sum_(t)  # int64 (or inf/NaN stand-ins): recursive doubling, order-free anyway
 
     def all_reduce_max_(self, t: torch.Tensor) -> None:
-        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)  # a max is exact in any order
+        self.collectives.all_reduce_max_(t)  # a max is exact in any order
 
     def all_reduce_ordered_(self, t: torch.Tensor) -> None:
         """float32 sum in the canonical fold's order (collectives' recursive doubling): the `ordered` reduction."""

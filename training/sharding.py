@@ -9,10 +9,12 @@ rank = shard), its shard group the dp_replicate ranks that own the same slice (g
 collectives.CollectiveGroup-like (reduce_scatter, all_gather, gather, all_reduce_, all_reduce_max_).
 
 A step (`ShardedStep`, driven by training/step.py):
-- `reduce`: every rank's exact-sum limbs (int64) and non-finite stand-ins (float64) are reduce-scattered in
-  the replica group, then all-reduced in the shard group: integer sums, so the owner holds the integers one
-  process would (collectives' deterministic schedules all the same); ExactSum.result is elementwise, so the
-  slice of the mean gradient has the bits of the same slice of the one-process mean;
+- `scatter_bucket` (per bucket of whole tensors, as the backward produces them: training/overlap.py) and `mean`:
+  every rank's exact sums meet on the compact exact wire's reduce-scatter (collectives/exact_scatter.py: about 8
+  bytes an element, reduce-scattered in the replica group to the owners of the elements, then summed in the
+  shard group), so the owner holds ExactSum.result's bits of the sum over every rank: its slice of the mean
+  gradient is the same slice of the one-process mean (the bucketing changes which elements share a message,
+  never an element's sum);
 - `clip`: kernels.ref.reduce.global_l2_norm's bits from the slices (`sharded_l2_norm`): one all-reduce MAX of
   the largest square (the one fixed-point scale), then SUMs of the int64 sum and the non-finite stand-in;
 - `update`: AdamW (elementwise) on this rank's slice of params, m and v, piece by piece with each tensor's
@@ -37,6 +39,7 @@ from training.errors import ConfigError
 from training.optim import adamw_tensor
 from training.params import ParamSpec
 from training.reduction import ExactSum
+from collectives.exact_scatter import compact_exact_reduce_scatter
 from collectives.reduce_scatter import shard_bounds
 from kernels.ref import fixed
 from kernels.ref.adamw import clip_coefficient
@@ -147,17 +150,30 @@ class ShardedStep:
             raise ConfigError(f"HSDP: this rank holds slice [{held.lo}, {held.hi}) of the optimizer state, the mesh "
                               f"now gives it [{self.lo}, {self.hi}); restart from a checkpoint to re-shard")
 
-    def reduce(self, sums: dict[str, ExactSum], n: int) -> torch.Tensor:
-        """My slice of the mean gradient over all `n` microbatches of every rank."""
-        # the limb wire (3 limbs + bad, 32 bytes an element): HSDP does not use the compact exact wire yet
-        shared = [sums[k].shared() for k in self.layout.names]
-        limbs = torch.cat([lb.reshape(3, -1) for lb, _ in shared], dim=1)
-        bad = torch.cat([b.reshape(-1) for _, b in shared])
-        mine = torch.stack([self.replica.reduce_scatter(limbs[i]) for i in range(3)])
-        bad = self.replica.reduce_scatter(bad)
-        self.across.all_reduce_(mine)
-        self.across.all_reduce_(bad)
-        return ExactSum.of_shared(mine, bad).result(1.0 / n)
+    def scatter_bucket(self, sums: dict[str, ExactSum], names: tuple[str, ...],
+                       n: int) -> list[tuple[Piece, torch.Tensor]]:
+        """The bucket of whole tensors `names`, summed over every rank of the mesh and times 1/n, where it falls in
+        my slice: (my piece, its float32 mean) pairs, on the compact exact wire's reduce-scatter."""
+        shards = self.replica.world
+        wire = {k: sums[k].wire() for k in names}
+        per_rank = [self._bucket_pieces(names, r, shards) for r in range(shards)]
+        parts = [[(wire[p.name][0][:, p.lo:p.hi], None if wire[p.name][1] is None else wire[p.name][1][p.lo:p.hi])
+                  for p in pieces] for pieces in per_rank]
+        outs, _ = compact_exact_reduce_scatter(parts, self.replica, self.across, 1.0 / n)
+        return list(zip(per_rank[self.replica.rank], outs))
+
+    def _bucket_pieces(self, names: tuple[str, ...], shard: int, shards: int) -> list[Piece]:
+        """The pieces of tensors `names` that shard `shard` owns (flat layout order), `at` in its slice."""
+        lo, hi = self.layout.bounds(shard, shards)
+        return [p for p in self.layout.pieces(lo, hi) if p.name in names]
+
+    def mean(self, buckets: list[list[tuple[Piece, torch.Tensor]]]) -> torch.Tensor:
+        """My slice of the mean gradient from every bucket's `scatter_bucket` (together they cover it once)."""
+        out = torch.empty(self.hi - self.lo, dtype=F32, device=self.m.device)
+        for pieces in buckets:
+            for p, x in pieces:
+                out[p.at:p.at + p.hi - p.lo] = x
+        return out
 
     def clip(self, g: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(global pre-clip norm, clip coefficient, my slice times it): training/optim.clip's bits, sliced."""

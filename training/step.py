@@ -17,9 +17,11 @@ state hash, so a step hashes each tensor's bytes once.
 
 Real data parallelism (training/ray_train.py): `run_step(..., group=g)` with a real group of g.world ranks and a
 topology R x S with R * S == g.world; this process (rank r = replica * S + shard) computes only the
-microbatches of rank r into exact int64 accumulators. With S = 1 they are summed across ranks on the compact
-exact wire (collectives/exact_wire.py: integer all-reduces, order-free, about 8 bytes an element for every tensor
-in one flat buffer), so every rank holds the bits the one-process virtual topology computes, and every rank clips
+microbatches of rank r into exact int64 accumulators, and the cross-rank reduction runs bucket by bucket as the
+last of them's backward produces the gradients (training/overlap.py: leaf hooks, one communication thread; the same
+bits). With S = 1 they are summed across ranks on the compact exact wire (collectives/exact_wire.py: integer
+all-reduces, order-free, about 8 bytes an element), so every rank holds the bits the one-process virtual topology
+computes, and every rank clips
 and runs AdamW on the full tensors. With S > 1 (HSDP, training/sharding.py) they are reduce-scattered
 to the shard owners of each replica and summed across replicas; each owner clips its slice with the global
 norm (global_l2_norm's bits) and updates its slice of parameters and moments; the parameters are all-gathered
@@ -33,6 +35,7 @@ bits are TreeFold's: the bits of the virtual topology R x 1, 4 bytes an element 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -45,6 +48,7 @@ from kernels.digest import DigestMemo, PendingNamed, named_digest, tensor_digest
 from training.errors import ConfigError
 from training.model import forward, rope_for
 from training.optim import SpikeState, spike_decision
+from training.overlap import BUCKET_ELEMENTS
 from training.params import ParamSpec, spec_map
 from training.reduction import Coord
 from training.sharding import Shard
@@ -107,6 +111,8 @@ class StepContext:
     device: torch.device
     backend: str = "ref"  # the op namespace (kernels.backend): the speed changes, the bits do not
     ops: object = None
+    bucket_elements: int = BUCKET_ELEMENTS  # real groups: the gradient buckets' size (training/overlap.py); no bit
+    observer: Callable[[str, int], None] | None = None  # real groups: sees the reduction's timeline (overlap.EVENTS)
 
     @classmethod
     def build(cls, cfg: RunConfig, device: torch.device | str = "cpu", backend: str = "ref") -> "StepContext":
@@ -186,6 +192,8 @@ def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, 
         out = forward(params32, ctx.cfg.model, tokens.index_select(0, rows), ctx.rope, z_loss=ctx.cfg.train.z_loss,
                       ops=ctx.ops)
         grads = torch.autograd.grad(out.loss, leaves, allow_unused=True)
+        if ctx.observer is not None:
+            ctx.observer("backward_end", len(losses))  # this microbatch's backward has returned
         g = {k: (gi if gi is not None else torch.zeros_like(p)) for k, gi, p in zip(names, grads, leaves)}
         losses.append((wins, torch.stack([out.loss.detach(), out.ce.detach(), out.z.detach()])))
         for layer, counts in out.load.items():

@@ -3,8 +3,10 @@ training/step.py's `run_step` reads straight through:
 
 - `Virtual`: every rank of the topology in this process (the trainer's default and the replay);
 - `Replicated`: a real data-parallel group, each rank holding the full state (S = 1): the exact wire
-  (collectives/exact_wire.py) or the ordered recursive-doubling all-reduce;
-- `Sharded`: HSDP on a real group (S > 1, training/sharding.py): each rank clips and updates its slice.
+  (collectives/exact_wire.py) bucket by bucket, overlapped with the last local backward (training/overlap.py),
+  or the ordered recursive-doubling all-reduce after it;
+- `Sharded`: HSDP on a real group (S > 1, training/sharding.py): the reduce-scatter bucket by bucket, overlapped
+  likewise; each rank clips and updates its slice.
 
 `plan` (this process's microbatches), `reduce(parts)` (the mean gradient, or my slice of it), `gather(...)`
 (every rank's loss rows, partial digests and loads), `clip`, `update` (AdamW), `settle` (what the state keeps,
@@ -17,8 +19,8 @@ import torch
 from training.config import Topology, TrainConfig
 from training.errors import ConfigError
 from training.optim import adamw_update, clip
-from training.reduction import (Coord, exact_across_ranks, exact_sums, ordered_across_ranks, reduce_gradients,
-                                uniform_accum)
+from training.overlap import Overlapped, bucket_plan
+from training.reduction import Coord, ExactSum, exact_across_ranks, ordered_across_ranks, reduce_gradients, uniform_accum
 from training.sharding import ShardedStep
 
 F32 = torch.float32
@@ -72,13 +74,31 @@ class Replicated(Virtual):
         me = divmod(group.rank, topology.dp_shard)  # (replica, shard)
         self.plan = [(c, w) for c, w in plan if (c.replica, c.shard) == me]  # possibly none: it adds zeros
 
-    def _sums(self, parts):
-        return exact_sums(parts, self.ctx.ops, like=self.params32, weight=dict(zip(self.coords, self.weight)))
+    def _overlapped(self, parts, reduce_bucket) -> list:
+        """`reduce_bucket(sums, names)` of this rank's exact sums, every bucket in order, the buckets reduced as
+        the last local backward produces them (training/overlap.py)."""
+        ops, weight = self.ctx.ops, dict(zip(self.coords, self.weight))
+        sums = {k: ExactSum(tuple(v.shape), v.device, ops) for k, v in self.params32.items()}
+
+        def add(name: str, g: torch.Tensor, coord: Coord) -> None:
+            for _ in range(weight[coord]):  # a partial entering w times: exact
+                sums[name].add(g)
+
+        numel = {k: v.numel() for k, v in self.params32.items()}
+        # the model spec's order, reversed: the backward's order, and the same on every rank whatever its dict order
+        order = [k for k in reversed(list(self.ctx.specs)) if k in numel] + sorted(set(numel) - set(self.ctx.specs))
+        buckets = bucket_plan(numel, order, self.ctx.bucket_elements)
+        run = Overlapped(self.params32, buckets, len(self.plan), add, lambda names: reduce_bucket(sums, names),
+                         self.ctx.observer)
+        return run.run(parts, self.plan[-1][0] if self.plan else None)
 
     def reduce(self, parts) -> dict[str, torch.Tensor]:
         if self.ctx.cfg.train.reduction == "ordered":
             return ordered_across_ranks(parts, self.accum, self.topology.dp_replicate, self.group.all_reduce_ordered_)
-        return exact_across_ranks(self._sums(parts), self.n, self.group)
+        outs = self._overlapped(parts, lambda sums, names: exact_across_ranks({k: sums[k] for k in names}, self.n,
+                                                                               self.group))
+        mean = {k: v for out in outs for k, v in out.items()}
+        return {k: mean[k] for k in sorted(mean)}
 
     def gather(self, losses: list, partial_digests: list | None, load: dict) -> tuple[list, list | None, dict]:
         """Every rank's rows, digests and loads (JSON-able: the group sends them as JSON)."""
@@ -108,7 +128,8 @@ class Sharded(Replicated):
         self.writer = self.step.writer
 
     def reduce(self, parts) -> torch.Tensor:
-        return self.step.reduce(self._sums(parts), self.n)  # HSDP's reduce-scatter still moves the limbs
+        return self.step.mean(self._overlapped(parts, lambda sums, names: self.step.scatter_bucket(sums, names,
+                                                                                                    self.n)))
 
     def clip(self, g: torch.Tensor, max_norm: float):
         return self.step.clip(g, max_norm)

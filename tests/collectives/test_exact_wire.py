@@ -1,4 +1,5 @@
-"""The compact exact wire (collectives/exact_wire.py) gives a single-process ExactSum's bits on R = 1..8 gloo ranks.
+"""The compact exact wire (collectives/exact_wire.py) gives a single-process ExactSum's bits on R = 1..8 gloo ranks,
+and so does its reduce-scatter (collectives/exact_scatter.py) to the owners of a mesh's slices.
 
 Eight processes are forked once, their inputs (each rank's ExactSum limbs) built here before the fork; for each R
 the first R ranks run the wire in a torch.distributed.new_group of their own, and this process compares what they
@@ -18,13 +19,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from collectives import CollectiveGroup, free_port
+from collectives import CollectiveGroup, free_port, shard_bounds
+from collectives.exact_scatter import compact_exact_reduce_scatter
 from collectives.exact_wire import (_floor_shift, _low, _settled, _shifted, _top, _word, WireStats,
                                     compact_exact_sum)
 from collectives.limbs import combine, normalize, scaled, value
 from training.reduction import ExactSum
 
 WORLD = 8
+MESHES = ((1, 3), (2, 2), (3, 2), (2, 4))  # replicas x shards: the reduce-scatter's meshes
+MESH_CASES = ("mixed", "edge3", "tiny")
 I32, I64, F32, F64 = torch.int32, torch.int64, torch.float32, torch.float64
 DIGITS = (1 << 40) - 1
 
@@ -187,6 +191,28 @@ def _rank(rank: int, port: int, cases: dict, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
         groups = {w: dist.new_group(list(range(w))) for w in range(1, WORLD + 1)}  # every rank, in one order
+
+        def refuse(*a, **kw):
+            raise AssertionError("the compact wire called torch.distributed.all_reduce, not the group's schedule")
+
+        # a mesh's replica groups (ranks r*S .. r*S + S-1) and shard groups (s, S + s, ...), made in one order
+        meshes = {(nr, ns): ([dist.new_group([r * ns + i for i in range(ns)]) for r in range(nr)],
+                             [dist.new_group([r * ns + i for r in range(nr)]) for i in range(ns)]) for nr, ns in MESHES}
+        dist.all_reduce = refuse  # the exact wire's sums go through collectives' recursive doubling only
+        for (nr, ns), (replicas, shards) in meshes.items():
+            if rank >= nr * ns:
+                continue
+            replica, shard = CollectiveGroup(replicas[rank // ns]), CollectiveGroup(shards[rank % ns])
+            for name in MESH_CASES:
+                case = cases[(nr * ns, name)]
+                parts = [[(lb[:, a:b], None if bad is None else bad[a:b])
+                          for lb, bad in case["wire"][rank].values() for a, b in [shard_bounds(lb.shape[1], ns)[o]]]
+                         for o in range(ns)]
+                got, stats = compact_exact_reduce_scatter(parts, replica, shard, case["scale"], case["block"],
+                                                          case["chunk"])
+                stem = f"mesh{nr}x{ns}-{name}-{rank}"
+                np.save(Path(out, f"{stem}.npy"), torch.cat([g.view(I32) for g in got]).numpy())
+                Path(out, f"{stem}.json").write_text(json.dumps(vars(stats)))
         for (world, name), case in cases.items():
             if rank >= world:
                 continue
@@ -227,6 +253,26 @@ def test_every_rank_gets_the_single_process_bits(ran, world, name):
         got = np.load(Path(out, f"{world}-{name}-{r}.npy"))
         ok = same_bits_or_both_nan(got, want)
         assert ok.all(), f"R={world} {name} rank {r}: {int((~ok).sum())} elements differ, first at {np.argmin(ok)}"
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("name", MESH_CASES)
+def test_each_owner_gets_the_single_process_bits_of_its_slice(ran, mesh, name):
+    """The reduce-scatter over replicas x shards: rank r * S + s gets slice s (shard_bounds of every tensor)."""
+    cases, out = ran
+    nr, ns = mesh
+    case = cases[(nr * ns, name)]
+    for rank in range(nr * ns):
+        o = rank % ns
+        want = torch.cat([ref[slice(*shard_bounds(ref.numel(), ns)[o])] for _, ref in sorted(case["ref"].items())])
+        got = np.load(Path(out, f"mesh{nr}x{ns}-{name}-{rank}.npy"))
+        ok = same_bits_or_both_nan(got, want)
+        assert ok.all(), f"{nr}x{ns} {name} rank {rank}: {int((~ok).sum())} elements differ"
+    stats = [json.loads(Path(out, f"mesh{nr}x{ns}-{name}-{r}.json").read_text()) for r in range(nr * ns)]
+    if name == "edge3":  # not vacuous: owners resend unsettled elements, and the range limit flags blocks
+        assert sum(st["unsettled"] for st in stats) > 0
+    if name == "mixed":
+        assert all(st["flagged_blocks"] > 0 for st in stats)
 
 
 @pytest.mark.parametrize("world", range(2, WORLD + 1))
@@ -292,10 +338,12 @@ def test_block_tops_bound_every_sum_within_a_bit():
         assert all(abs(v) < 1 << got for v in r) and got <= top + 1, (top, got)
 
 
-@pytest.mark.parametrize("shifts", [(0,), (23,), (40,), (41,), (77,), (80,), (3, 45), (39, 90), (60, 114)])
+@pytest.mark.parametrize("shifts", [(0,), (23,), (40,), (41,), (77,), (80,), (3, 45), (12, 40, 54), (39, 90),
+                                    (60, 114)])
 def test_words_pack_the_floor_and_the_low_flag(shifts):
-    """Every shift regime of `_word` (all shifts of a chunk up to 40, within 40..80, or else), on sums that keep
-    the wire's bound |L| < 2^(s + 53 - K)."""
+    """Every shift regime of `_word` (all shifts of a chunk up to 40, within 40..80, on both sides of 40 with every
+    |L| < 2^103 (the two-shift path, up to its bound), or else), on sums that keep the wire's bound
+    |L| < 2^(s + 53 - K)."""
     k = 4
     s = [shifts[i % len(shifts)] for i in range(600)]
     tops = [min(x + 49, 138) for x in s]  # within the limbs' range
@@ -356,7 +404,8 @@ def test_settled_intervals_hold_one_result(scale, one_thread):
 
 
 def test_wire_bytes_and_refusals(one_thread):
-    """One rank: phase 2's word per element and phase 1's two int32 per block go through the group, nothing else."""
+    """One rank: phase 2's word per element and phase 1's byte per block go through the group, nothing else; a flagged
+    block costs one more byte."""
     sent = []
 
     class Solo:
@@ -373,7 +422,14 @@ def test_wire_bytes_and_refusals(one_thread):
     x.add(torch.linspace(1, 3, 5000))
     got, stats = compact_exact_sum([x.wire()], Solo(), 0.5)
     assert torch.equal(got[0].view(I32), x.result(0.5).view(I32))
-    assert sent == [("max", 2 * 4 * 5), ("sum", 8 * 5000)] and stats.unsettled == 0
+    assert sent == [("max", 5), ("sum", 8 * 5000)] and stats.unsettled == 0
+    sent.clear()
+    y = ExactSum((5000,), "cpu")
+    y.add(torch.linspace(-1, 1, 5000))
+    y.add(torch.linspace(1, 3, 5000).index_fill(0, torch.tensor([3000]), float("inf")))
+    got, stats = compact_exact_sum([y.wire()], Solo(), 0.5)
+    assert torch.equal(got[0].view(I32), y.result(0.5).view(I32)) and stats.flagged_blocks == 1
+    assert sent == [("max", 5), ("max", 1), ("sum", 8 * 5000), ("sum", 8 * 1024)]
     with pytest.raises(ValueError):
         compact_exact_sum([(torch.zeros(3, 4, dtype=torch.int32), None)], Solo(), 1.0)
     with pytest.raises(ValueError):

@@ -14,6 +14,15 @@ def test_reduce_scatter_is_the_ascending_sum_of_matching_slices(world, n, h):
         assert h.same_bits(out[r], h.left_to_right([p[a:b] for p in ps]))
 
 
+def test_reduce_scatter_takes_given_sizes(h):
+    ps = h.partials(3, 10, seed=4)
+    out = simulate_reduce_scatter(ps, [6, 0, 4])
+    assert [x.numel() for x in out] == [6, 0, 4]
+    assert h.same_bits(out[2], h.left_to_right([p[6:] for p in ps]))
+    with pytest.raises(ValueError, match="sizes"):
+        simulate_reduce_scatter(ps, [6, 5, -1])
+
+
 def test_reduce_scatter_order_matters(h):
     """Summing the same slices in descending rank order gives other bits (the check has teeth)."""
     ps = h.partials(6, 3000, seed=3)

@@ -5,6 +5,7 @@ The threads' collectives are the collectives package's one-process simulations (
 order as its gloo versions), so a step run by R x S threads must give the one-process bits on topology RxS."""
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 import torch
@@ -52,8 +53,8 @@ class Sub:
     def _all(self, t: torch.Tensor) -> list[torch.Tensor]:
         return self.hub.swap(self.rank, t.detach().clone())
 
-    def reduce_scatter(self, t):
-        return simulate_reduce_scatter(self._all(t))[self.rank]
+    def reduce_scatter(self, t, sizes=None):
+        return simulate_reduce_scatter(self._all(t), sizes)[self.rank]
 
     def all_gather(self, shard, numel):
         return torch.cat([x.reshape(-1) for x in self._all(shard)])
@@ -64,6 +65,9 @@ class Sub:
 
     def all_reduce_(self, t):
         return t.copy_(simulate_allreduce(self._all(t))[self.rank])
+
+    def all_reduce_sum_(self, t):
+        return self.all_reduce_(t)
 
     def all_reduce_max_(self, t):
         return t.copy_(torch.stack(self._all(t)).amax(0))
@@ -179,6 +183,7 @@ def test_sharded_norm_has_global_l2_norms_bits(case):
 
 # -- whole steps on simulated ranks ----------------------------------------------------------------------------
 STEPS = 2  # the second step starts from the slices the first one left
+BUCKET = 1 << 16  # the tiny model's gradients in several buckets (training/overlap.py), each reduced on its own
 
 
 @pytest.fixture(scope="module")
@@ -217,11 +222,13 @@ def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
             "shard": [Hub(topo.dp_replicate) for _ in range(topo.dp_shard)]}
     every = [hubs["world"], *hubs["replica"], *hubs["shard"]]
 
+    bucketed = replace(ctx, bucket_elements=BUCKET)
+
     def rank(r: int):
         st = TrainState.fresh(init_params(four.model, four.train.seed))
         got = []
         for i in range(STEPS):
-            res = run_step(st, tokens[i], topo, ctx, Rank(r, hubs))
+            res = run_step(st, tokens[i], topo, bucketed, Rank(r, hubs))
             got.append((_result(res), state_hash(state_entries(st, "{}", "c", {})) if r == 0 else None))
         return got, st
 
@@ -246,10 +253,11 @@ def test_threaded_3x1_steps_equal_the_one_process_steps(four, one_thread):
     topo = Topology(3, 1)
     ctx, tokens, _, want = _one_process(four, topo)
     hubs = {"world": Hub(topo.world)}
+    bucketed = replace(ctx, bucket_elements=BUCKET)
 
     def rank(r: int):
         st = TrainState.fresh(init_params(four.model, four.train.seed))
-        return [(_result(run_step(st, tokens[i], topo, ctx, Rank(r, hubs))),
+        return [(_result(run_step(st, tokens[i], topo, bucketed, Rank(r, hubs))),
                  state_hash(state_entries(st, "{}", "c", {}))) for i in range(STEPS)]
 
     out = run_threads(topo.world, rank, [hubs["world"]])
