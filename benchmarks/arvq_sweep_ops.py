@@ -89,8 +89,8 @@ def main() -> int:
             elif rounds == 1:
                 r["same_codes_as_working_tree"] = bool(torch.equal(codes, ref_codes))
             result["sweeps"][f"{name}, inner_refine {rounds}"] = r
-            print(f"{name}, inner_refine {rounds}: {r['ops_per_group']:.1f} kernels a group step" + (f"; same codes: {r['same_codes_as_working_tree']}"
-                                                       if "same_codes_as_working_tree" in r else ""))
+            same = f"; same codes: {r['same_codes_as_working_tree']}" if "same_codes_as_working_tree" in r else ""
+            print(f"{name}, inner_refine {rounds}: {r['ops_per_group']:.1f} kernels a group step{same}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -299,7 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, autotuning)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     ap.add_argument("--head-slices", nargs="+", type=int, default=[3], help="slice counts of the head (our arms)")
-    ap.add_argument("--stock-attention", nargs="+", default=["sdpa", "flex", "mixed"], choices=("sdpa", "flex", "mixed"),
+    ap.add_argument("--stock-attention", nargs="+", default=["sdpa", "flex", "mixed"],
+                    choices=("sdpa", "flex", "mixed"),
                     help="the stock arm once per attention; ratios are against the fastest (module doc)")
     ap.add_argument("--rotate", nargs="+", default=["cuda"], choices=("cuda", "triton"),
                     help="rotate-quantize implementations for our arms (module doc)")
