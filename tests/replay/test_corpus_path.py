@@ -88,23 +88,23 @@ def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_pat
     run = _train("data/demo", tmp_path / "run")  # config.json says "data/demo"
     monkeypatch.chdir(tmp_path)
     env = yaml.safe_load((ROOT / "runtime_env.yaml").read_text())  # what a job ships: the checkout without data/
-    ctx = ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=0, log_to_driver=False,
-                   _temp_dir=ray_temp_dir)
-    try:
-        client = JobSubmissionClient(f"http://{ctx.dashboard_url}")
-        for attempt in range(3):
+    for attempt in range(3):
+        ctx = ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=0, log_to_driver=False,
+                       _temp_dir=ray_temp_dir)
+        try:
+            client = JobSubmissionClient(f"http://{ctx.dashboard_url}")
             env["working_dir"] = str(_checkout_copy(tmp_path / f"checkout-{attempt}", attempt))
             job = submit_job(client, entrypoint=f"{sys.executable} -m app audit batch --run {run} --segment 2 "
                                                 f"--no-progress", runtime_env=env)
             status = _job_status(client, job, timeout=300)
             logs = client.get_job_logs(job)
-            # on a loaded machine Ray now and then fails to hand the job's uploaded working_dir to the job's
-            # actors ("Failed to download runtime_env file package ... from the GCS"): a Ray fault, not the
-            # audit's; the job is submitted again from a copy of its own (Ray names a package by its content and
-            # reuses it, so an identical resubmission met the same broken package)
-            if "Failed to download runtime_env file package" not in logs:
-                break
-    finally:
-        ray.shutdown()
+        finally:
+            ray.shutdown()
+        # on a loaded machine Ray now and then fails to hand the job's uploaded working_dir to the job's actors
+        # ("Failed to download runtime_env file package ... from the GCS"): a Ray fault, not the audit's. Once it
+        # struck, every later job of the same Ray instance met it too, so the job is submitted again to a fresh
+        # instance, from a copy of its own (Ray names a package by its content and reuses it)
+        if "Failed to download runtime_env file package" not in logs:
+            break
     assert status == "SUCCEEDED", logs[-3000:]
     assert "2 MATCH" in logs, logs[-3000:]
