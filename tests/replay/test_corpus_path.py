@@ -89,8 +89,10 @@ def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_pat
     monkeypatch.chdir(tmp_path)
     env = yaml.safe_load((ROOT / "runtime_env.yaml").read_text())  # what a job ships: the checkout without data/
     for attempt in range(3):
+        # a temporary directory of each instance's own: the job agent finds its files through the directory's
+        # session_latest link, and a second head in the same one never got a job agent up
         ctx = ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=0, log_to_driver=False,
-                       _temp_dir=ray_temp_dir)
+                       _temp_dir=f"{ray_temp_dir}/{attempt}")
         try:
             client = JobSubmissionClient(f"http://{ctx.dashboard_url}")
             env["working_dir"] = str(_checkout_copy(tmp_path / f"checkout-{attempt}", attempt))
