@@ -79,7 +79,7 @@ def hf_data(demo_corpus):
 
 @pytest.fixture(scope="session")
 def hf_donor():
-    """name -> the loaded Hugging Face donor (each loaded once per session)."""
+    """name -> the loaded Hugging Face donor (each loaded once per test run)."""
     from quant.hf_donor import load_hf_donor
     cache = {}
 
