@@ -152,6 +152,8 @@ def round_in_stages(v: torch.Tensor, d: torch.Tensor | None, c0: torch.Tensor, c
     stage's fraction of both books is on it, then `steps` EM steps move only the free entries (the exact
     M-step per entry given the other book), so they absorb what the rounded ones lost. The last stage
     rounds the rest."""
+    if not stages or stages[-1] != 1.0:
+        raise ValueError(f"codebook.round_in_stages: the last stage must be 1.0 (every entry), got {stages}")
     books = torch.stack([c0, c1])
     frozen = torch.zeros_like(books, dtype=torch.bool)
     for frac in stages:

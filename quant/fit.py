@@ -29,8 +29,9 @@ class FitConfig:
     sample_groups: int = 131_072  # EM sample per expert (ours; 20,000 in the write-up over-fits 512 atoms:
                                   # Gaussian groups 0.3017 at 65,536, 0.3002 at 131,072 = every group there)
     kmeans_iters: int = 10        # Lloyd steps of each warm start (not in the write-up; ours)
-    em_iters: int = 8             # alternating refinements (Gaussian 0.3019 at 10 + 8, 0.3010 at 30 + 30: on a
-                                  # GPU nearly free, ~60 kernels a step, but 2x the CPU tests' fits)
+    em_iters: int = 8             # alternating refinements (Gaussian, books rounded at once: 0.3019 at 10 + 8,
+                                  # 0.3010 at 30 + 30: on a GPU nearly free, ~60 kernels a step, but 2x the CPU
+                                  # tests' fits)
     polish: int = 2               # EM steps after each stage of rounding to FP4 (ours; codebook.round_in_stages)
     col_block: int = 128          # LDLQ column block
     passes: int = 1               # (sweep, scale refit) rounds (ours: a second pass gains 0.0004 on the

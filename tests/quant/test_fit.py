@@ -83,6 +83,8 @@ def test_rounding_in_stages_loses_less_than_rounding_at_once():
         a, b = codebook.assign_pair(v, r0, r1, None, 0, a, b, beam=4)
         r1 = codebook.m_step(v - r0[a], b, None, r1, codebook.weighted_error(v, r0[a] + r1[b], None), project=False)
     assert err(s0, s1) < 0.995 * err(r0, fp4_round(r1)) and err(s0, s1) < 1.01 * err(c0, c1)
+    with pytest.raises(ValueError, match="last stage must be 1.0"):
+        codebook.round_in_stages(v, None, c0, c1, a, b, steps=1, beam=4, rounds=0, stages=(0.5, 0.75))
 
 
 def test_m_step_reseeds_empty_atoms_at_the_worst_samples_in_order():
