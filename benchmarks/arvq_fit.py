@@ -1,11 +1,12 @@
 """ARVQ initial fit: seconds per expert at GLM-5.3 projection sizes, and the quality tables.
 
     python3 benchmarks/arvq_fit.py [--device cpu|cuda] [--quick] [--rows-w13 R] [--rows-w2 R] [--threads T]
-                                   [--out benchmarks/results/arvq_fit.json]
+                                   [--beam B] [--out benchmarks/results/arvq_fit.json]
 
 Timing: one expert of w13 (N 4096 x K 6144) and w2 (N 6144 x K 2048) with synthetic Hessians
 H = B B^T / r + diag(d) (rank r = 256, d log-normal, 8 heavy columns at 400x) and Gaussian weights,
-default FitConfig (65,536 EM groups, 10 + 8 EM steps, 1 pass, beam 8, ldl metric). The full N is fitted by default (on
+default FitConfig (131,072 EM groups, 10 + 8 EM steps, FP4 in 4 stages, 1 pass, beam 8, ldl metric; --beam B
+sets the beam of the EM and the sweep). The full N is fitted by default (on
 CUDA after one small untimed warm-up fit). With --quick on CPU, or --rows-*, only the first R rows are
 fitted and the full size is estimated as cholesky + em + (sweep + refit) * N / R (the first two do not
 depend on N, the last two are linear in it); such estimates are marked "(est.)" and run low: smaller
@@ -137,6 +138,7 @@ def main() -> int:
     ap.add_argument("--rows-w13", type=int, default=None, help="rows of w13 to fit (default: all; --quick CPU: N/16)")
     ap.add_argument("--rows-w2", type=int, default=None, help="rows of w2 to fit (default: all; --quick CPU: N/16)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--beam", type=int, default=None, help="beam width of EM and sweep (default: FitConfig's)")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/arvq_fit.json")
@@ -146,7 +148,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console(width=max(Console().width, 120))  # the tables are wide; logs are not terminals
-    cfg = FitConfig(device=args.device)
+    cfg = FitConfig(device=args.device, **({} if args.beam is None else {"beam": args.beam}))
     frac = 16 if args.quick and args.device == "cpu" else 1
     result = {"command": "python3 " + " ".join(sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "machine": machine(args.device), "fit_config": config_dict(cfg)}
@@ -181,14 +183,14 @@ def main() -> int:
         moe = moe_quality(synth, [0, 1] if args.quick else [0, 1, 2], cfg)
         result["quality"] = {"gaussian": gauss, "synthetic_moe": {"config": synth.__dict__, "rows": moe}}
         t = Table(title=f"i.i.d. Gaussian {gn}x{gk}, H = I: weight relative L2 error")
-        for col in ("Shannon 2-bit", "Lloyd-Max 2-bit", "RTN 2-bit", "ARVQ (seed search)", "ARVQ (beam 8)",
+        for col in ("Shannon 2-bit", "Lloyd-Max 2-bit", "RTN 2-bit", "ARVQ (seed search)", f"ARVQ (beam {cfg.beam})",
                     "ARVQ bits/w"):
             t.add_column(col, justify="right")
         t.add_row(f"{SHANNON:.3f}", f"{LLOYD_MAX:.3f}", f"{gauss['rtn_2bit']:.4f}", f"{gauss['arvq_seed_search']:.4f}",
                   f"{gauss['arvq']:.4f}", f"{gauss['arvq_bits_per_weight']:.4f}")
         console.print(t)
         t = Table(title=f"synthetic MoE (hidden {synth.hidden}, ffn {synth.ffn}, outliers): held-out output rel. error")
-        for col in ("proj", "N x K", "RTN 2-bit", "GPTQ 2-bit", "ARVQ (seed: l2, greedy)", "ARVQ (ldl, beam 8)",
+        for col in ("proj", "N x K", "RTN 2-bit", "GPTQ 2-bit", "ARVQ (seed: l2, greedy)", f"ARVQ (ldl, beam {cfg.beam})",
                     "bits/w scalar", "bits/w ARVQ"):
             t.add_column(col, justify="right")
         for r in moe:

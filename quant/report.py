@@ -145,7 +145,7 @@ student/reference trajectories, blake3 in the manifest) and run_log.jsonl.
   publish the in-process bits (files and float latents), N = 1 and 2 the same files on a Hugging Face model;
   a member killed mid-layer fails it with GangError, a rerun resumes it to the same bits.
   On the trained model too: `quant run --layers 0 --updates 20 --calib-windows 64` with `--gang 2` and in
-  process (2 torch threads) published identical files and latents (w13 63cbe828..., latents 78d4f6ee...).
+  process (2 torch threads) published identical files and latents (w13 393133d3..., latents cb479257...).
 - `calib.py`: the calibration corpus (seed 42, domain mix, held-out documents, exact-match purge).
 - Hugging Face MoE checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE) as donors, the output layout and the loader
   into `transformers`: docs/quant-hf.md.
