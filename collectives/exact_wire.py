@@ -83,32 +83,42 @@ class _Piece:
 
 
 def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]], group: SumGroup, scale: float,
-                      block: int = 1024, chunk: int | None = None) -> tuple[list[torch.Tensor], WireStats]:
+                      block: int = 1024, chunk: int | None = None,
+                      fused: bool = True) -> tuple[list[torch.Tensor], WireStats]:
     """Per part (limbs (3, n) int64, bad (n,) float64 or None) of this rank, the float32 result that the sum over
     the group's ranks gives (`limbs.to_float32(limbs.scaled(value, scale), bad)`), in one flat exchange for all
     parts (same order and sizes on every rank). Carry-normalizes the limbs in place. `block` is a free choice
-    (the bits never depend on it); `chunk`: elements per pass (default: 2^16 on a CPU, whose caches it fits, else
-    2^24)."""
+    (the bits never depend on it); `chunk`: elements per eager pass (default: 2^16 on a CPU, whose caches it fits,
+    else 2^24). `fused`: the hot passes as one loop each where they can run (`fused_passes`), else eager torch."""
     dev = parts[0][0].device if parts else torch.device("cpu")
     chunk = chunk or (1 << 16 if dev.type == "cpu" else 1 << 24)
     pieces = _layout(parts, block, group.world, scale, chunk)
     stats = WireStats(sum(p.n for p in pieces), sum(p.nb for p in pieces))
-    outs = [torch.empty(p.n, dtype=F32, device=dev) for p in pieces]
+    outs = [_empty(p.n, F32, dev) for p in pieces]
     if stats.elements == 0:
         return outs, stats
     k = group.world.bit_length()
+    fast = fused_passes(pieces) if fused else None
     info = torch.zeros((2, stats.blocks), dtype=I32, device=dev)
     for p in pieces:
-        _scan(p, info[:, p.blocks], block, chunk)
+        if fast:
+            fast.scan(p.limbs, p.bad, block, info[0, p.blocks], info[1, p.blocks])
+        else:
+            _scan(p, info[:, p.blocks], block, chunk)
     top, flagged = agree_tops(info, [group])
     s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
-    words = torch.empty(stats.elements, dtype=I64, device=dev)
+    words = _empty(stats.elements, I64, dev)
     for p in pieces:
-        _encode(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk)
+        if fast:
+            fast.encode(p.limbs, s[p.blocks], k, block, words[p.at:p.at + p.n])
+        else:
+            _encode(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk)
     group.all_reduce_sum_(words)
     late = []
     for p, out in zip(pieces, outs):
-        idx, tested = _decode(s[p.blocks], k, words[p.at:p.at + p.n], scale, out, block, chunk)
+        w = words[p.at:p.at + p.n]
+        idx, tested = (fast.decode(s[p.blocks], k, w, scale, out, block) if fast else
+                       _decode(s[p.blocks], k, w, scale, out, block, chunk))
         late.append(idx)
         stats.interval += tested
     stats.unsettled = sum(int(i.numel()) for i in late)
@@ -118,6 +128,30 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     if stats.flagged_blocks:
         _non_finite(pieces, flagged, outs, block, group)
     return outs, stats
+
+
+def fused_passes(pieces: Sequence[_Piece]):
+    """The module of fused passes (scan, encode, decode) that takes these parts: collectives/wire_cpu.py on a CPU
+    where its library builds, collectives/wire_triton.py on CUDA where Triton imports; else None (eager torch).
+    Either gives the eager passes' bits."""
+    tensors = [t for p in pieces for t in (p.limbs, p.bad)]
+    dev = pieces[0].limbs.device if pieces else torch.device("cpu")
+    if dev.type == "cpu":
+        from . import wire_cpu
+        return wire_cpu if wire_cpu.takes(*tensors) else None
+    try:
+        from . import wire_triton
+    except ImportError:
+        return None
+    return wire_triton if wire_triton.takes(*tensors) else None
+
+
+def _empty(n: int, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """A full-size buffer; on a CPU one that faults in large pages (wire_cpu.empty)."""
+    if dev.type == "cpu":
+        from . import wire_cpu
+        return wire_cpu.empty(n, dtype)
+    return torch.empty(n, dtype=dtype, device=dev)
 
 
 def _layout(parts, block: int, world: int, scale: float, chunk: int) -> list[_Piece]:
