@@ -108,6 +108,18 @@ def _limbs(n: int, block: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def summed_words(n: int, world: int, seed: int) -> torch.Tensor:
+    """Words as R ranks' sum gives them: |H| up to 2^53 (and tiny, where the interval is wide), a quarter within
+    2^14 of a float32 rounding midpoint of a 53-bit H (where the settle test's margin decides), F in 0..R."""
+    rng = np.random.Generator(np.random.Philox(seed))
+    h = rng.integers(1 << 52, 1 << 53, n) >> rng.integers(0, 54, n)
+    near = rng.random(n) < 0.25
+    h[near] = ((rng.integers(1 << 23, 1 << 24, n) * 2 + 1) << 28)[near] + rng.integers(-(1 << 14), 1 << 14, n)[near]
+    h *= rng.choice([-1, 1], n)
+    f = np.where(rng.random(n) < 0.5, 0, rng.integers(0, world + 1, n))
+    return torch.from_numpy((h << world.bit_length()) + f)
+
+
 @pytest.mark.parametrize("world", [2, 4, 200])
 def test_each_pass_gives_the_eager_bits(world, one_thread):
     n, block, k = 1 << 16, 256, world.bit_length()
@@ -126,11 +138,7 @@ def test_each_pass_gives_the_eager_bits(world, one_thread):
     wire_cpu.encode(ref, s, k, block, words)
     _encode(_Piece(ref, None, 0, 0, n, n // block), s, k, words_ref, block, 4 * block)
     assert torch.equal(words, words_ref)
-    # summed words: |h| up to 2^53 (and tiny, where the interval is wide), F in 0..R
-    rng = np.random.Generator(np.random.Philox(world + 7))
-    h = (rng.integers(1 << 52, 1 << 53, n) >> rng.integers(0, 54, n)) * rng.choice([-1, 1], n)
-    f = np.where(rng.random(n) < 0.5, 0, rng.integers(0, world + 1, n))
-    summed = torch.from_numpy((h << k) + f)
+    summed = summed_words(n, world, world + 7)
     for scale in (1.0, 1.0 / world, 2.0 ** -700):
         out, out_ref = torch.empty(n, dtype=F32), torch.empty(n, dtype=F32)
         late, tested = wire_cpu.decode(s, k, summed, scale, out, block)
