@@ -25,6 +25,9 @@ Each element then gets the limb format's result (collectives/limbs.py: float64 c
 float32 rounding) of the exact sum, or of lo where every integer of [lo, hi] has that result's bits.
 Int64 shifts and adds wrap modulo 2^64 (torch's two's complement); where a term below wraps, the sum it
 enters fits, so the wrap cancels.
+
+The passes over every element here are eager torch, the reference; `fused_passes` picks their fused twins
+(collectives/wire_cpu.py on a CPU, collectives/wire_triton.py on CUDA), which give the same bits.
 """
 from __future__ import annotations
 
@@ -94,31 +97,23 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     chunk = chunk or (1 << 16 if dev.type == "cpu" else 1 << 24)
     pieces = _layout(parts, block, group.world, scale, chunk)
     stats = WireStats(sum(p.n for p in pieces), sum(p.nb for p in pieces))
-    outs = [_empty(p.n, F32, dev) for p in pieces]
+    outs = [empty_buffer(p.n, F32, dev) for p in pieces]
     if stats.elements == 0:
         return outs, stats
     k = group.world.bit_length()
     fast = fused_passes(pieces) if fused else None
     info = torch.zeros((2, stats.blocks), dtype=I32, device=dev)
     for p in pieces:
-        if fast:
-            fast.scan(p.limbs, p.bad, block, info[0, p.blocks], info[1, p.blocks])
-        else:
-            _scan(p, info[:, p.blocks], block, chunk)
+        scan_part(p, info[:, p.blocks], block, chunk, fast)
     top, flagged = agree_tops(info, [group])
     s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
-    words = _empty(stats.elements, I64, dev)
+    words = empty_buffer(stats.elements, I64, dev)
     for p in pieces:
-        if fast:
-            fast.encode(p.limbs, s[p.blocks], k, block, words[p.at:p.at + p.n])
-        else:
-            _encode(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk)
+        encode_part(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk, fast)
     group.all_reduce_sum_(words)
     late = []
     for p, out in zip(pieces, outs):
-        w = words[p.at:p.at + p.n]
-        idx, tested = (fast.decode(s[p.blocks], k, w, scale, out, block) if fast else
-                       _decode(s[p.blocks], k, w, scale, out, block, chunk))
+        idx, tested = decode_part(s[p.blocks], k, words[p.at:p.at + p.n], scale, out, block, chunk, fast)
         late.append(idx)
         stats.interval += tested
     stats.unsettled = sum(int(i.numel()) for i in late)
@@ -146,7 +141,31 @@ def fused_passes(pieces: Sequence[_Piece]):
     return wire_triton if wire_triton.takes(*tensors) else None
 
 
-def _empty(n: int, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+def scan_part(p: _Piece, info: torch.Tensor, block: int, chunk: int, fast) -> None:
+    """Phase 1 on one part (`_scan`), by the fused passes `fast` where given."""
+    if fast:
+        fast.scan(p.limbs, p.bad, block, info[0], info[1])
+    else:
+        _scan(p, info, block, chunk)
+
+
+def encode_part(p: _Piece, s: torch.Tensor, k: int, words: torch.Tensor, block: int, chunk: int, fast) -> None:
+    """Phase 2's words of one part (`_encode`), by the fused passes `fast` where given."""
+    if fast:
+        fast.encode(p.limbs, s, k, block, words)
+    else:
+        _encode(p, s, k, words, block, chunk)
+
+
+def decode_part(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: torch.Tensor, block: int,
+                chunk: int, fast) -> tuple[torch.Tensor, int]:
+    """`_decode` of one part's summed words, by the fused passes `fast` where given."""
+    if fast:
+        return fast.decode(s, k, words, scale, out, block)
+    return _decode(s, k, words, scale, out, block, chunk)
+
+
+def empty_buffer(n: int, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
     """A full-size buffer; on a CPU one that faults in large pages (wire_cpu.empty)."""
     if dev.type == "cpu":
         from . import wire_cpu

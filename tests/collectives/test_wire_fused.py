@@ -23,6 +23,14 @@ def test_the_library_builds_here():
     assert wire_cpu.status() == "built"
 
 
+def test_without_a_compiler_the_wire_warns_and_runs_eager(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setattr(wire_cpu, "_failure", [])
+    with pytest.warns(RuntimeWarning, match="runs its eager passes"):
+        assert wire_cpu.library.__wrapped__() is None
+    assert "no-such-compiler" in wire_cpu._failure[0]
+
+
 class _Meet:
     """R ranks as threads: each all-reduce waits for all, then every rank takes the rank-ordered fold."""
 
