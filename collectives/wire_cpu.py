@@ -4,8 +4,8 @@ The eager torch passes of collectives/exact_wire.py make many full-size int64 te
 once, OpenMP over blocks, and give the same bits (tests/collectives/test_wire_fused.py). The build is a plain
 shared library loaded with ctypes: no Python or torch headers, so it takes about a second and needs only a C++
 compiler (CXX, else g++). It is cached by the hash of the source, flags and compiler under
-$XDG_CACHE_HOME/auditable-training (else ~/.cache/...), written atomically. Where it cannot be built, `library()`
-warns once and the wire runs its eager passes (the same bits).
+$XDG_CACHE_HOME/auditable-training (else ~/.cache/..., else the temporary directory), written atomically. Where
+it cannot be built, `library()` warns once and the wire runs its eager passes (the same bits).
 """
 from __future__ import annotations
 
@@ -33,8 +33,16 @@ SIGNATURES = {"wire_scan": (P, P, P, P, I64, I64, P, P, I32), "wire_encode": (P,
 
 
 def _cache_dir() -> Path:
+    """$XDG_CACHE_HOME/auditable-training (else ~/.cache/...), or the temporary directory's where that is not
+    writable."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "auditable-training"
+    out = Path(base) / "auditable-training"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        out = Path(tempfile.gettempdir()) / "auditable-training"
+        out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def build(compiler: str | None = None) -> Path:
@@ -46,7 +54,6 @@ def build(compiler: str | None = None) -> Path:
     out = _cache_dir() / f"wire_cpu-{key}.so"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
