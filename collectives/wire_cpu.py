@@ -28,8 +28,10 @@ MADV_HUGEPAGE = 14  # Linux
 _failure: list[str] = []
 
 P, I64, F64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
-SIGNATURES = {"wire_scan": (P, P, P, P, I64, I64, P, P, I32), "wire_encode": (P, P, P, P, I64, I64, I32, P, I32),
-              "wire_decode": (P, P, I64, I64, I32, F64, P, P, P, I32), "wire_late": (P, P, I64, I64, I32, F64, P, I64, P)}
+SIGNATURES = {"wire_scan": (P, P, P, P, I64, I64, P, P, I32),
+              "wire_encode": (P, P, P, P, I64, I64, I32, P, I32),
+              "wire_decode": (P, P, I64, I64, I32, F64, P, P, P, I32),
+              "wire_late": (P, P, I64, I64, I32, F64, P, I64, P)}
 
 
 def _cache_dir() -> Path:
