@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from .exact_wire import (MANT, WORD, SumGroup, WireStats, _layout, _low, _Piece, _shifted, agree_tops, decode_part,
-                         empty_buffer, encode_part, fused_passes, scan_part)
+                         encode_part, fused_passes, scan_part)
 from .limbs import F64, combine, normalize, scaled, to_float32
 
 I32, I64 = torch.int32, torch.int64
@@ -63,7 +63,7 @@ def compact_exact_reduce_scatter(parts: Sequence[Sequence[Part]], replica: Scatt
         owners.append(pieces)
     mine = owners[me]
     stats = WireStats(ends[me + 1] - ends[me], sum(p.nb for p in mine))
-    outs = [empty_buffer(p.n, torch.float32, dev) for p in mine]
+    outs = [torch.empty(p.n, dtype=torch.float32, device=dev) for p in mine]
     k = world.bit_length()
     fast = fused_passes([p for pieces in owners for p in pieces]) if fused else None
     info = torch.zeros((2, blocks), dtype=I32, device=dev)
@@ -72,7 +72,7 @@ def compact_exact_reduce_scatter(parts: Sequence[Sequence[Part]], replica: Scatt
             scan_part(p, info[:, p.blocks], block, chunk, fast)
     top, flagged = agree_tops(info, [replica, across])
     s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
-    words = empty_buffer(ends[-1], I64, dev)
+    words = torch.empty(ends[-1], dtype=I64, device=dev)
     for pieces in owners:
         for p in pieces:
             encode_part(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk, fast)

@@ -97,7 +97,7 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     chunk = chunk or (1 << 16 if dev.type == "cpu" else 1 << 24)
     pieces = _layout(parts, block, group.world, scale, chunk)
     stats = WireStats(sum(p.n for p in pieces), sum(p.nb for p in pieces))
-    outs = [empty_buffer(p.n, F32, dev) for p in pieces]
+    outs = [torch.empty(p.n, dtype=F32, device=dev) for p in pieces]
     if stats.elements == 0:
         return outs, stats
     k = group.world.bit_length()
@@ -107,7 +107,7 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
         scan_part(p, info[:, p.blocks], block, chunk, fast)
     top, flagged = agree_tops(info, [group])
     s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
-    words = empty_buffer(stats.elements, I64, dev)
+    words = torch.empty(stats.elements, dtype=I64, device=dev)
     for p in pieces:
         encode_part(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk, fast)
     group.all_reduce_sum_(words)
@@ -163,14 +163,6 @@ def decode_part(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out:
     if fast:
         return fast.decode(s, k, words, scale, out, block)
     return _decode(s, k, words, scale, out, block, chunk)
-
-
-def empty_buffer(n: int, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
-    """A full-size buffer; on a CPU one that faults in large pages (wire_cpu.empty)."""
-    if dev.type == "cpu":
-        from . import wire_cpu
-        return wire_cpu.empty(n, dtype)
-    return torch.empty(n, dtype=dtype, device=dev)
 
 
 def _layout(parts, block: int, world: int, scale: float, chunk: int) -> list[_Piece]:

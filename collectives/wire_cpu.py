@@ -14,7 +14,6 @@ import functools
 import hashlib
 import os
 import subprocess
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -24,7 +23,6 @@ import torch
 SOURCE = Path(__file__).with_name("wire_cpu.cpp")
 # bit-relevant: no contraction of * and + into FMAs and no fast-math (each float64 op rounds as the eager one)
 FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
-MADV_HUGEPAGE = 14  # Linux
 _failure: list[str] = []
 
 P, I64, F64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
@@ -95,29 +93,6 @@ def takes(*tensors: torch.Tensor | None) -> bool:
     present = [t for t in tensors if t is not None]
     return (all(t.device.type == "cpu" and t.stride(-1) == 1 for t in present)
             and library() is not None)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None)
-    libc.madvise.argtypes = (P, ctypes.c_size_t, I32)
-    return libc
-
-
-def empty(n: int, dtype: torch.dtype) -> torch.Tensor:
-    """torch.empty(n) on the CPU whose first writes fault in 2 MiB pages where the kernel allows them
-    (madvise(MADV_HUGEPAGE)): a fresh buffer of the wire's size is mapped anew each call (glibc maps blocks above
-    MALLOC_MMAP_THRESHOLD_ afresh), and its 4 KiB page faults cost as much as the pass that writes it. Where the
-    memory comes from changes no bit."""
-    t = torch.empty(n, dtype=dtype)
-    libc, huge = _libc(), 1 << 21
-    a = (t.data_ptr() + huge - 1) & -huge
-    b = (t.data_ptr() + t.numel() * t.element_size()) & -huge
-    if libc is not None and b > a:
-        libc.madvise(a, b - a, MADV_HUGEPAGE)  # advice: a refusal (EINVAL where THP is off) leaves 4 KiB pages
-    return t
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
