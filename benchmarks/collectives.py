@@ -18,6 +18,8 @@ Methods (M = 2^20 elements; each rank's buffer is a float32 partial hashed from 
   exact-compact  the same sum on collectives/exact_wire.py (ExactSum's bits, ~8 bytes an element), its integer
                  all-reduces on CollectiveGroup's recursive-doubling schedule
   exact-compact-native  the same with torch.distributed.all_reduce doing the wire's integer sums and maxima
+  exact-compact-eager   exact-compact with the wire's eager torch passes (fused=False; the fused passes'
+                 reference) instead of its fused ones (collectives/wire_cpu.py, wire_triton.py)
 Time: median over reps of the slowest rank's seconds for the method, from the rank's buffer (or accumulator)
 to the summed float32 (refills between reps are not timed; the compact wire leaves its limbs the same integers
 and needs none). wire_bytes_per_element: the bytes handed to torch.distributed.all_reduce or to the group's
@@ -53,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from collectives import CollectiveGroup, TreeFold, free_port  # noqa: E402
 from collectives.exact import exact_all_reduce_  # noqa: E402
+from collectives import wire_cpu  # noqa: E402
 from collectives.exact_wire import compact_exact_sum  # noqa: E402
 from training.reduction import ExactSum  # noqa: E402
 
@@ -60,11 +63,12 @@ M = 1 << 20
 TILE = 1 << 20  # the hashed block every partial tiles
 FILL = 1 << 20  # elements per ExactSum when filling limbs (untimed; bounds the temporaries)
 PIECE = 1 << 16  # elements per ExactSum.result of summed limbs: in cache, as the compact wire's passes on a CPU
-METHODS = ("det", "native", "native-bf16", "exact", "exact-limbs", "exact-compact", "exact-compact-native")
+METHODS = ("det", "native", "native-bf16", "exact", "exact-limbs", "exact-compact", "exact-compact-native",
+           "exact-compact-eager")
 # bytes per element a rank holds at once while a method runs (its buffers and the others' of its phase), for the
 # memory guard; PROCESS: a rank's own (torch, gloo, the interpreter, the fill's temporaries)
 FOOTPRINT = {"det": 24, "native": 16, "native-bf16": 16, "exact": 28, "exact-limbs": 36, "exact-compact": 36,
-             "exact-compact-native": 36}
+             "exact-compact-native": 36, "exact-compact-eager": 36}
 PROCESS = 800 << 20
 SENT = {"bytes": 0, "on": False}
 
@@ -226,14 +230,16 @@ def _exact_methods(g, cfg, n, rank, world, row) -> None:
         row["checks"]["exact-limbs"] = {"ranks agree": _agree(want, g)}
         want = _digest(want)
         del bad
-    for name, group in (("exact-compact", g), ("exact-compact-native", CollectiveGroup(None, native=True, device=dev))):
+    native = CollectiveGroup(None, native=True, device=dev)
+    for name, group, fused in (("exact-compact", g, True), ("exact-compact-native", native, True),
+                               ("exact-compact-eager", g, False)):
         if name not in cfg["methods"]:
             continue
         _fill(limbs, None, rank, seed)
         got, stats = [], {}
 
         def compact() -> None:
-            out, st = compact_exact_sum([(limbs, None)], group, scale)
+            out, st = compact_exact_sum([(limbs, None)], group, scale, fused=fused)
             got[:] = out
             stats.update(vars(st))
 
@@ -243,7 +249,7 @@ def _exact_methods(g, cfg, n, rank, world, row) -> None:
         if want is not None:
             checks["= exact-limbs"] = _all(_digest(got[0]) == want, dev)
         row["checks"][name] = checks
-        row["compact" if group is g else "compact_native"] = stats
+        row[{"exact-compact": "compact", "exact-compact-native": "compact_native"}.get(name, "compact_eager")] = stats
 
 
 def _worker(rank: int, world: int, port: int, cfg: dict, out_dir: str) -> None:
@@ -319,6 +325,8 @@ def machine(backend: str) -> dict:
         pass
     info = {"cpu": cpu, "cores_visible": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__}
+    if backend == "gloo":
+        info["compact_wire_cpu_passes"] = wire_cpu.status()  # "built": exact-compact runs the fused passes
     if backend == "nccl":
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         v = torch.cuda.nccl.version()

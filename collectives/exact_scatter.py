@@ -23,8 +23,8 @@ from typing import Protocol
 
 import torch
 
-from .exact_wire import (MANT, WORD, SumGroup, WireStats, _Piece, _decode, _encode, _layout, _low, _scan, _shifted,
-                         agree_tops)
+from .exact_wire import (MANT, WORD, SumGroup, WireStats, _layout, _low, _Piece, _shifted, agree_tops, decode_part,
+                         encode_part, fused_passes, scan_part)
 from .limbs import F64, combine, normalize, scaled, to_float32
 
 I32, I64 = torch.int32, torch.int64
@@ -41,9 +41,11 @@ class ScatterGroup(SumGroup, Protocol):
 
 def compact_exact_reduce_scatter(parts: Sequence[Sequence[Part]], replica: ScatterGroup, across: SumGroup,
                                  scale: float, block: int = 1024,
-                                 chunk: int | None = None) -> tuple[list[torch.Tensor], WireStats]:
+                                 chunk: int | None = None,
+                                 fused: bool = True) -> tuple[list[torch.Tensor], WireStats]:
     """`parts[r]`: the parts (limbs (3, n) int64, bad (n,) float64 or None) that rank r of `replica` owns. Returns,
-    for this rank's own parts, the float32 results of the sums over every rank of the mesh (module doc)."""
+    for this rank's own parts, the float32 results of the sums over every rank of the mesh (module doc). `fused`:
+    the hot passes fused where they can run (exact_wire.fused_passes), else eager torch; the same bits."""
     me, shards = replica.rank, replica.world
     if len(parts) != shards:
         raise ValueError(f"compact exact reduce-scatter: {len(parts)} owners' parts for a replica group of {shards}")
@@ -63,23 +65,24 @@ def compact_exact_reduce_scatter(parts: Sequence[Sequence[Part]], replica: Scatt
     stats = WireStats(ends[me + 1] - ends[me], sum(p.nb for p in mine))
     outs = [torch.empty(p.n, dtype=torch.float32, device=dev) for p in mine]
     k = world.bit_length()
+    fast = fused_passes([p for pieces in owners for p in pieces]) if fused else None
     info = torch.zeros((2, blocks), dtype=I32, device=dev)
     for pieces in owners:
         for p in pieces:
-            _scan(p, info[:, p.blocks], block, chunk)
+            scan_part(p, info[:, p.blocks], block, chunk, fast)
     top, flagged = agree_tops(info, [replica, across])
     s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
     words = torch.empty(ends[-1], dtype=I64, device=dev)
     for pieces in owners:
         for p in pieces:
-            _encode(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk)
+            encode_part(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk, fast)
     sizes = [b - a for a, b in zip(ends, ends[1:])]
     got = replica.reduce_scatter(words, sizes)
     across.all_reduce_sum_(got)
     late = []
     for p, out in zip(mine, outs):
         at = p.at - ends[me]
-        idx, tested = _decode(s[p.blocks], k, got[at:at + p.n], scale, out, block, chunk)
+        idx, tested = decode_part(s[p.blocks], k, got[at:at + p.n], scale, out, block, chunk, fast)
         late.append(idx)
         stats.interval += tested
     stats.unsettled = sum(int(i.numel()) for i in late)

@@ -25,6 +25,9 @@ Each element then gets the limb format's result (collectives/limbs.py: float64 c
 float32 rounding) of the exact sum, or of lo where every integer of [lo, hi] has that result's bits.
 Int64 shifts and adds wrap modulo 2^64 (torch's two's complement); where a term below wraps, the sum it
 enters fits, so the wrap cancels.
+
+The passes over every element here are eager torch, the reference; `fused_passes` picks their fused twins
+(collectives/wire_cpu.py on a CPU, collectives/wire_triton.py on CUDA), which give the same bits.
 """
 from __future__ import annotations
 
@@ -83,12 +86,13 @@ class _Piece:
 
 
 def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]], group: SumGroup, scale: float,
-                      block: int = 1024, chunk: int | None = None) -> tuple[list[torch.Tensor], WireStats]:
+                      block: int = 1024, chunk: int | None = None,
+                      fused: bool = True) -> tuple[list[torch.Tensor], WireStats]:
     """Per part (limbs (3, n) int64, bad (n,) float64 or None) of this rank, the float32 result that the sum over
     the group's ranks gives (`limbs.to_float32(limbs.scaled(value, scale), bad)`), in one flat exchange for all
     parts (same order and sizes on every rank). Carry-normalizes the limbs in place. `block` is a free choice
-    (the bits never depend on it); `chunk`: elements per pass (default: 2^16 on a CPU, whose caches it fits, else
-    2^24)."""
+    (the bits never depend on it); `chunk`: elements per eager pass (default: 2^16 on a CPU, whose caches it fits,
+    else 2^24). `fused`: the hot passes as one loop each where they can run (`fused_passes`), else eager torch."""
     dev = parts[0][0].device if parts else torch.device("cpu")
     chunk = chunk or (1 << 16 if dev.type == "cpu" else 1 << 24)
     pieces = _layout(parts, block, group.world, scale, chunk)
@@ -97,18 +101,19 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     if stats.elements == 0:
         return outs, stats
     k = group.world.bit_length()
+    fast = fused_passes(pieces) if fused else None
     info = torch.zeros((2, stats.blocks), dtype=I32, device=dev)
     for p in pieces:
-        _scan(p, info[:, p.blocks], block, chunk)
+        scan_part(p, info[:, p.blocks], block, chunk, fast)
     top, flagged = agree_tops(info, [group])
     s = (top + (k - min(MANT, WORD - k))).clamp_(min=0)
     words = torch.empty(stats.elements, dtype=I64, device=dev)
     for p in pieces:
-        _encode(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk)
+        encode_part(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk, fast)
     group.all_reduce_sum_(words)
     late = []
     for p, out in zip(pieces, outs):
-        idx, tested = _decode(s[p.blocks], k, words[p.at:p.at + p.n], scale, out, block, chunk)
+        idx, tested = decode_part(s[p.blocks], k, words[p.at:p.at + p.n], scale, out, block, chunk, fast)
         late.append(idx)
         stats.interval += tested
     stats.unsettled = sum(int(i.numel()) for i in late)
@@ -118,6 +123,46 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     if stats.flagged_blocks:
         _non_finite(pieces, flagged, outs, block, group)
     return outs, stats
+
+
+def fused_passes(pieces: Sequence[_Piece]):
+    """The module of fused passes (scan, encode, decode) that takes these parts: collectives/wire_cpu.py on a CPU
+    where its library builds, collectives/wire_triton.py on CUDA where Triton imports; else None (eager torch).
+    Either gives the eager passes' bits."""
+    tensors = [t for p in pieces for t in (p.limbs, p.bad)]
+    dev = pieces[0].limbs.device if pieces else torch.device("cpu")
+    if dev.type == "cpu":
+        from . import wire_cpu
+        return wire_cpu if wire_cpu.takes(*tensors) else None
+    try:
+        from . import wire_triton
+    except ImportError:
+        return None
+    return wire_triton if wire_triton.takes(*tensors) else None
+
+
+def scan_part(p: _Piece, info: torch.Tensor, block: int, chunk: int, fast) -> None:
+    """Phase 1 on one part (`_scan`), by the fused passes `fast` where given."""
+    if fast:
+        fast.scan(p.limbs, p.bad, block, info[0], info[1])
+    else:
+        _scan(p, info, block, chunk)
+
+
+def encode_part(p: _Piece, s: torch.Tensor, k: int, words: torch.Tensor, block: int, chunk: int, fast) -> None:
+    """Phase 2's words of one part (`_encode`), by the fused passes `fast` where given."""
+    if fast:
+        fast.encode(p.limbs, s, k, block, words)
+    else:
+        _encode(p, s, k, words, block, chunk)
+
+
+def decode_part(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: torch.Tensor, block: int,
+                chunk: int, fast) -> tuple[torch.Tensor, int]:
+    """`_decode` of one part's summed words, by the fused passes `fast` where given."""
+    if fast:
+        return fast.decode(s, k, words, scale, out, block)
+    return _decode(s, k, words, scale, out, block, chunk)
 
 
 def _layout(parts, block: int, world: int, scale: float, chunk: int) -> list[_Piece]:

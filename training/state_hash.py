@@ -36,7 +36,8 @@ ZERO = bytes(32)
 # the files whose text defines the bits of a run (kernels, stream, and the app's bit path)
 CODE_GLOBS = ("kernels/ref/*.py", "kernels/digest.py", "stream/*.py", "collectives/treefold.py",
               "collectives/allreduce.py", "collectives/schedule.py", "collectives/p2p.py", "collectives/limbs.py",
-              "collectives/exact_wire.py", "collectives/exact_scatter.py", "training/config.py", "training/params.py",
+              "collectives/exact_wire.py", "collectives/wire_*.py", "collectives/wire_cpu.cpp",
+              "collectives/exact_scatter.py", "training/config.py", "training/params.py",
               "training/layers.py", "training/model.py", "training/moe.py", "training/init.py",
               "training/reduction.py", "training/optim.py", "training/step.py", "training/sharding.py",
               "training/strategies.py", "training/state_hash.py")
