@@ -1,11 +1,9 @@
 """Fixtures shared across packages."""
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,41 +31,6 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if _token_dir is not None:
         shutil.rmtree(_token_dir, ignore_errors=True)
-
-
-@contextmanager
-def _ray_lock(tmp_path_factory: pytest.TempPathFactory, mode: int):
-    """flock on one file that every xdist worker of this test run sees (their base directories' parent)."""
-    base = tmp_path_factory.getbasetemp()
-    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ray-instances.lock"
-    with open(path, "a") as f:
-        fcntl.flock(f, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ray_cluster_module(request, tmp_path_factory):
-    """A `ray_cluster` module holds the shared lock while its tests run (other such modules may too)."""
-    if request.node.get_closest_marker("ray_cluster") is None:
-        yield
-        return
-    with _ray_lock(tmp_path_factory, fcntl.LOCK_SH):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _ray_alone_test(request, tmp_path_factory):
-    """A `ray_alone` test holds the lock alone: a Ray job's Ray Data actors started beside another test's busy Ray
-    instance now and then failed to get the job's working_dir package ("Failed to download runtime_env file
-    package ... from the GCS") or died without a word, in full suite runs only."""
-    if request.node.get_closest_marker("ray_alone") is None:
-        yield
-        return
-    with _ray_lock(tmp_path_factory, fcntl.LOCK_EX):
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +79,14 @@ def tiny1(tiny: RunConfig) -> RunConfig:
 
 
 # The heaviest test files, in the order xdist should start them (seconds on a 2-core machine, from a whole suite run
-# with --durations: the demo story and test_ray_elastic ~230 each (mostly Ray starting groups and noticing lost
-# nodes), test_train ~230, test_ray_train ~130, test_any_world and the committed log ~120, test_ray_hsdp ~75). xdist
-# hands files out in collection order (--no-loadscope-reorder) and starts each of its two workers with two: the first
-# and third go to one, the second and fourth to the other; what is left goes to whichever worker is free. First the
-# file of the Ray job test that must run alone (`ray_alone`, first within its file), beside test_train, which starts
-# no Ray; then the two Ray scenarios, one a worker, after those. The rest keep pytest's order.
-HEAVIEST_FIRST = ("tests/replay/test_corpus_path.py", "tests/training/test_train.py", "tests/app/test_demo_story.py",
-                  "tests/training/test_ray_elastic.py", "tests/test_layering.py", "tests/training/test_any_world.py",
+# with --durations: the demo story ~300 alone and ~500 beside other work, test_train ~300, test_ray_elastic ~240
+# (mostly Ray noticing lost nodes), test_any_world ~150, the committed log ~100, the Ray equivalence tests ~60-80
+# each). xdist hands files out in collection order (--no-loadscope-reorder) and starts each of its two workers with
+# two: the first and third go to one, the second and fourth to the other. So the two longest go first and apart, a
+# light file third keeps test_train off the demo story's worker, and what is left goes to whichever worker is free.
+# The rest keep pytest's order.
+HEAVIEST_FIRST = ("tests/app/test_demo_story.py", "tests/training/test_ray_elastic.py", "tests/test_layering.py",
+                  "tests/training/test_train.py", "tests/training/test_any_world.py",
                   "tests/training/test_committed_logs.py", "tests/training/test_ray_hsdp.py",
                   "tests/training/test_ray_train.py")
 
@@ -131,12 +94,7 @@ HEAVIEST_FIRST = ("tests/replay/test_corpus_path.py", "tests/training/test_train
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     root = Path(__file__).resolve().parent.parent
-
-    def key(item):
-        where = Path(item.fspath).resolve().relative_to(root).as_posix()
-        return rank.get(where, len(rank)), item.get_closest_marker("ray_alone") is None
-
-    items.sort(key=key)
+    items.sort(key=lambda item: rank.get(Path(item.fspath).resolve().relative_to(root).as_posix(), len(rank)))
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import pytest
 from training.ray_auth import TOKEN, TOKEN_PATH, token_auth
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray_cluster
 
 
 @pytest.fixture(scope="module")

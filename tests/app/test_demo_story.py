@@ -14,7 +14,7 @@ import pytest
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
+pytestmark = pytest.mark.slow
 STEPS, GROW_AT = 150, 50
 
 

@@ -3,7 +3,6 @@
 import pytest
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray_cluster
 
 from collectives import treefold  # noqa: E402
 from collectives.selftest import GangMember, digest, make_inputs  # noqa: E402

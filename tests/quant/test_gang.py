@@ -9,7 +9,6 @@ from quant.store import read_manifest
 from .conftest import small_spec
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray_cluster
 COLD = {0: [0, 1, 2]}
 
 

@@ -18,7 +18,7 @@ from replay.certificates import SCHEMA, RunLog, read_certificates, read_sample
 from replay.coverage import coverage_of
 from replay.sampling import draw
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

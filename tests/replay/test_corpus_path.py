@@ -77,7 +77,6 @@ def _checkout_copy(dst: Path, attempt: int) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.ray_alone
 def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_path, monkeypatch, one_thread,
                                                              submit_job, ray_temp_dir):
     import ray

@@ -18,7 +18,7 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 from training.train import TrainOptions, train  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
+pytestmark = pytest.mark.slow
 # Checkpoints every 3 steps; the trainer logs a step while it runs the next one (training/train.py), so a node that
 # goes once step k is logged leaves steps past the last checkpoint for the smaller group to redo.
 STEPS, NODES, EVERY = 18, 7, 3

@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 from training.config import Topology  # noqa: E402
 from training.train import TrainOptions, train  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
+pytestmark = pytest.mark.slow
 STEPS = 8
 
 
