@@ -24,13 +24,13 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def head():
     """(dashboard URL, GCS address) of a local head started with authentication on, in a Ray temporary directory
-    of its own (see tests/conftest.py's ray_temp_dir)."""
+    of its own (see tests/conftest.py's ray_temp_dir), its dashboard agent on a free port (tests/ray_heads.py)."""
+    from tests.ray_heads import job_head
+
     assert token_auth() == "token"
     tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    ctx = ray.init(address="local", num_cpus=1, include_dashboard=True, dashboard_port=0, log_to_driver=False,
-                   _temp_dir=tmp)
-    yield f"http://{ctx.dashboard_url}", ctx.address_info["gcs_address"]
-    ray.shutdown()
+    with job_head(tmp, num_cpus=1) as addresses:
+        yield addresses
     shutil.rmtree(tmp, ignore_errors=True)
 
 

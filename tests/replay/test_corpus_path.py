@@ -67,20 +67,19 @@ def _job_status(client, job_id: str, timeout: float) -> str:
     return "TIMEOUT"
 
 
-def _checkout_copy(dst: Path, attempt: int) -> Path:
-    """The checkout's code as a job ships it (no data, runs or local environments), with a marker naming the
-    attempt, so that each submission's working_dir is a package of its own."""
+def _checkout_copy(dst: Path) -> Path:
+    """The checkout's code as a job ships it (no data, runs or local environments)."""
     shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(".git", ".venv", ".whl", "data", "runs", "cache",
                                                              "scratch", "results", "__pycache__", "*.png"))
-    (dst / "ATTEMPT").write_text(f"{attempt}\n")
     return dst
 
 
 @pytest.mark.slow
 def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_path, monkeypatch, one_thread,
                                                              submit_job, ray_temp_dir):
-    import ray
     from ray.job_submission import JobSubmissionClient
+
+    from tests.ray_heads import job_head
 
     work = tmp_path / "work"
     shutil.copytree(demo_corpus, work / "data" / "demo")
@@ -88,25 +87,12 @@ def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_pat
     run = _train("data/demo", tmp_path / "run")  # config.json says "data/demo"
     monkeypatch.chdir(tmp_path)
     env = yaml.safe_load((ROOT / "runtime_env.yaml").read_text())  # what a job ships: the checkout without data/
-    for attempt in range(3):
-        # a temporary directory of each instance's own: the job agent finds its files through the directory's
-        # session_latest link, and a second head in the same one never got a job agent up
-        ctx = ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=0, log_to_driver=False,
-                       _temp_dir=f"{ray_temp_dir}/{attempt}")
-        try:
-            client = JobSubmissionClient(f"http://{ctx.dashboard_url}")
-            env["working_dir"] = str(_checkout_copy(tmp_path / f"checkout-{attempt}", attempt))
-            job = submit_job(client, entrypoint=f"{sys.executable} -m app audit batch --run {run} --segment 2 "
-                                                f"--no-progress", runtime_env=env)
-            status = _job_status(client, job, timeout=300)
-            logs = client.get_job_logs(job)
-        finally:
-            ray.shutdown()
-        # on a loaded machine Ray now and then fails to hand the job's uploaded working_dir to the job's actors
-        # ("Failed to download runtime_env file package ... from the GCS"): a Ray fault, not the audit's. Once it
-        # struck, every later job of the same Ray instance met it too, so the job is submitted again to a fresh
-        # instance, from a copy of its own (Ray names a package by its content and reuses it)
-        if "Failed to download runtime_env file package" not in logs:
-            break
-    assert status == "SUCCEEDED", logs[-3000:]
+    env["working_dir"] = str(_checkout_copy(tmp_path / "checkout"))
+    with job_head(ray_temp_dir, num_cpus=2) as (url, _):
+        client = JobSubmissionClient(url)
+        job = submit_job(client, entrypoint=f"{sys.executable} -m app audit batch --run {run} --segment 2 "
+                                            f"--no-progress", runtime_env=env)
+        status = _job_status(client, job, timeout=300)
+        logs, info = client.get_job_logs(job), client.get_job_info(job)
+    assert status == "SUCCEEDED", f"{info.message}\n{logs[-3000:]}"
     assert "2 MATCH" in logs, logs[-3000:]
