@@ -14,6 +14,7 @@ from collectives import wire_cpu
 from collectives.exact_wire import _decode, _encode, _Piece, _scan, compact_exact_sum, fused_passes
 from collectives.limbs import normalize
 from tests.collectives.test_exact_wire import edge_case, mixed_case, sums_of
+from tests.training.test_sharding import Hub, Sub
 
 I32, I64, U8, F32, F64 = torch.int32, torch.int64, torch.uint8, torch.float32, torch.float64
 
@@ -31,44 +32,18 @@ def test_without_a_compiler_the_wire_warns_and_runs_eager(monkeypatch):
     assert "no-such-compiler" in wire_cpu._failure[0]
 
 
-class _Meet:
-    """R ranks as threads: each all-reduce waits for all, then every rank takes the rank-ordered fold."""
-
-    def __init__(self, world: int):
-        self.world, self.slots, self.wall = world, [None] * world, threading.Barrier(world)
-
-    def reduce(self, rank: int, t: torch.Tensor, op) -> None:
-        self.slots[rank] = t.clone()
-        self.wall.wait()
-        acc = self.slots[0].clone()
-        for x in self.slots[1:]:
-            acc = op(acc, x)
-        self.wall.wait()
-        t.copy_(acc)
-
-
-class _Rank:
-    def __init__(self, meet: _Meet, rank: int):
-        self.meet, self.rank, self.world = meet, rank, meet.world
-
-    def all_reduce_sum_(self, t: torch.Tensor) -> None:
-        self.meet.reduce(self.rank, t, torch.add)
-
-    def all_reduce_max_(self, t: torch.Tensor) -> None:
-        self.meet.reduce(self.rank, t, torch.maximum)
-
-
 def _run(wires: list[list[tuple]], case: dict, fused: bool) -> list[tuple]:
-    """compact_exact_sum on every rank's (limbs, bad) copies: per rank (result bits, stats, limbs after)."""
-    meet, out = _Meet(len(wires)), [None] * len(wires)
+    """compact_exact_sum on every rank's (limbs, bad) copies, R ranks as threads: per rank (result bits, stats, limbs
+    after)."""
+    hub, out = Hub(len(wires)), [None] * len(wires)
 
     def rank(r: int) -> None:
         parts = [(lb.clone(), None if bad is None else bad.clone()) for lb, bad in wires[r]]
         try:
-            got, stats = compact_exact_sum(parts, _Rank(meet, r), case["scale"], case["block"], case["chunk"],
+            got, stats = compact_exact_sum(parts, Sub(hub, r), case["scale"], case["block"], case["chunk"],
                                            fused=fused)
         except BaseException as e:  # noqa: BLE001 - raised again in the test's thread
-            meet.wall.abort()
+            hub.barrier.abort()
             out[r] = e
             return
         out[r] = (torch.cat([g.view(I32) for g in got]), vars(stats), [lb for lb, _ in parts])
