@@ -2,8 +2,7 @@
 
 Every Ray head's dashboard agent listens on port 52365 unless told otherwise, and `ray.init` cannot tell it. A head
 started while another test's head holds that port gets no agent of its own: its job API answers "No available agent
-to submit job", or hands a job to the other head's agent, whose actors then cannot find the job's working_dir
-package in their own GCS ("Failed to download runtime_env file package ... from the GCS").
+to submit job" (seen beside a running head, for minutes).
 """
 from __future__ import annotations
 
