@@ -57,6 +57,16 @@ def scaled(v: torch.Tensor, scale: float) -> torch.Tensor:
     return (v * DOWN) * scale
 
 
+# the one NaN a sum gives: a NaN's sign and payload depend on the hardware that made it (x86 makes inf - inf
+# negative, ARM and CUDA positive), so every NaN result is this quiet NaN's bits
+NAN_BITS = 0x7FC00000
+
+
 def to_float32(w: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
-    """The one float32 rounding; where the non-finite stand-in `bad` is inf/NaN it is the result (None: all 0)."""
-    return (w if bad is None else torch.where(torch.isfinite(bad), w, bad)).to(F32)
+    """The one float32 rounding; where the non-finite stand-in `bad` is inf/NaN it is the result (None: all 0), a
+    NaN as NAN_BITS."""
+    if bad is None:
+        return w.to(F32)
+    out = torch.where(torch.isfinite(bad), w, bad).to(F32)
+    nan = torch.tensor(NAN_BITS, dtype=torch.int32, device=out.device).view(F32)
+    return torch.where(torch.isnan(out), nan, out)

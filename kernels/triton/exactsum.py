@@ -24,6 +24,7 @@ from kernels.triton.reduce import _double_bits
 GRID = 96  # fixed-point grid 2^-GRID
 DIGIT = tl.constexpr(40)  # bits per limb digit
 LIMIT = tl.constexpr(16777216.0)  # 2^(3 * DIGIT - GRID) = 2^24: larger magnitudes go to `bad`
+NAN_BITS = tl.constexpr(0x7FC00000)  # collectives/limbs.py's NAN_BITS: every NaN result is this quiet NaN
 # exact powers of two from integers (no host pow); each is a float32 constant exactly, widened exactly
 UP, DOWN = tl.constexpr(float(1 << GRID)), tl.constexpr(1.0 / float(1 << GRID))
 M80, M40 = tl.constexpr(float(1 << 80)), tl.constexpr(float(1 << 40))
@@ -89,7 +90,9 @@ def _result_kernel(src_ptr, bad_ptr, out_ptr, n, scale_bits, PENDING: tl.constex
         l2 = l2 + c
         v = (l2.to(tl.float64) * M80 + l1.to(tl.float64) * M40) + l0.to(tl.float64)  # products exact
     v = (v * DOWN) * scale_bits.to(tl.int64).to(tl.float64, bitcast=True)  # the host double, bit for bit
-    tl.store(out_ptr + idx, tl.where(isfinite(bad), v, bad).to(tl.float32), mask=on)
+    r = tl.where(isfinite(bad), v, bad).to(tl.float32)
+    nan = tl.full([BLOCK], NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+    tl.store(out_ptr + idx, tl.where(r != r, nan, r), mask=on)  # limbs.to_float32's one NaN
 
 
 def accumulate(g: torch.Tensor, limbs: torch.Tensor, bad: torch.Tensor, fresh: bool = False) -> None:

@@ -62,6 +62,19 @@ def test_exact_sum_propagates_non_finite_and_out_of_range():
     assert torch.isnan(out[0]) and out[1] == float("inf") and out[2] == float("inf") and out[3] == float("-inf")
 
 
+def test_every_nan_sum_is_the_one_quiet_nan():
+    """inf - inf in float64 is a negative NaN on x86 and a positive one on ARM and CUDA, and a NaN partial keeps
+    its own payload: in any order of the adds, every NaN element of a sum has NAN_BITS."""
+    from collectives.limbs import NAN_BITS
+
+    odd = torch.tensor([-1], dtype=torch.int32).view(torch.float32)  # a NaN with sign and payload set
+    parts = [torch.tensor([float("inf"), 1.0, float("inf")]), torch.tensor([float("-inf"), odd.item(), 2.0]),
+             torch.cat([odd, torch.tensor([3.0, float("-inf")])])]
+    for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2]):
+        out = ExactSum_of(*(parts[i] for i in order))
+        assert out.view(torch.int32).tolist() == [NAN_BITS] * 3, order
+
+
 def _partials(topo: Topology, accum: int, per_window: list[torch.Tensor]):
     """Partials in mesh order, window m of the step owned by rank m % world (single-window microbatches)."""
     world = topo.world
