@@ -20,7 +20,7 @@ Every arm trains on the same token ids (random, seeded: speed does not depend on
   also count the queued GPU work it waits for);
 - `triton-statehash`: stage digests off, the state hash on (params, m, v, grads, RNG and data cursor): the
   state hash's own share, 1 - (triton-nohash step / triton-statehash step). It hashes four model-sized tensor
-  sets; the stage digests add the partial gradients (one set per microbatch) and clipped ones if clipping
+  sets; the stage digests add the partial gradients (one set per window) and clipped ones if clipping
   scaled them, the rest they share with the state hash (kernels/digest.DigestMemo).
 
 Our hashing arms also time their hashing inside each step, in the same steps as the step time: the state
@@ -52,7 +52,8 @@ Both give the same bits; the pair is the CUDA kernels' gain in the step, in one 
 
 A step is `--accum` microbatches of `--batch` windows (gradient accumulation, as the report's protocol:
 OPEN-1B ran 4 windows of 4,096 tokens per microbatch, 6 microbatches per GPU per step in its main phase);
-hashing is per optimizer step, so its share falls as the step grows.
+hashing is per optimizer step, so its share falls as the step grows. Ours computes each window's gradient on its
+own (training/windows.py), so a step of several windows sums that many exact partials whatever the cut.
 
 MFU counts 6 x (non-embedding parameters) plus the attention matmuls (fwd + bwd, causal and windowed key
 counts) per token against the H200's dense bf16 peak (989 TFLOP/s). Prints a table, writes JSON

@@ -117,7 +117,7 @@ class TrainConfig:
     # batch ramp as (until_tokens, windows_per_step) phases, anchored to consumed tokens (stream.BatchSchedule)
     batch_phases: tuple[tuple[int, int], ...] = ((4_000_000_000, 768), (360_000_000_000, 1152),
                                                  (400_000_000_000, 2304))
-    micro_batch: int = 4  # sequences per microbatch on one rank
+    micro_batch: int = 4  # windows a rank computes together (memory and speed only: no bit depends on it)
     lr_peak: float = 4.5e-4
     lr_warmup_tokens: int = 667 * 768 * 4096
     lr_budget_tokens: int = 400_000_000_000
@@ -174,7 +174,7 @@ class TrainConfig:
 class Topology:
     """The data-parallel mesh a step runs on (really or virtually): dp_replicate x dp_shard ranks.
 
-    The accumulation depth follows from the step's batch: windows / (world * micro_batch).
+    A rank runs its windows (m mod world == rank) in microbatches of micro_batch windows.
     """
 
     dp_replicate: int = 1
@@ -256,9 +256,14 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"config: malformed record ({e})") from None
 
 
+# what a config may change without changing a bit: where the corpus lies (the state hash carries the corpus by its
+# manifest digest, in the stream state) and how a rank cuts its windows into microbatches (training/windows.py)
+NOT_IDENTITY = ("corpus", "micro_batch")
+
+
 def identity_json(config: dict[str, Any]) -> str:
-    """Canonical JSON (sorted keys, no spaces) of a config dict without `train.corpus`: the state hash carries the
-    corpus by its manifest digest (in the stream state), not by where it lies, so a run trained, replayed or
-    resumed from a copy of its corpus at another path has the same hashes."""
-    train = {k: v for k, v in config["train"].items() if k != "corpus"}
+    """Canonical JSON (sorted keys, no spaces) of a config dict without the `train` fields in NOT_IDENTITY, so a run
+    trained, replayed or resumed from a copy of its corpus at another path, or with other microbatches, has the
+    same hashes."""
+    train = {k: v for k, v in config["train"].items() if k not in NOT_IDENTITY}
     return canonical_json({**config, "train": train}).decode()

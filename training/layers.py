@@ -9,6 +9,8 @@ import kernels.ref.swiglu
 from kernels import ref as REF
 from kernels.ref.int8_linear import repin_constant
 from kernels.ref.reduce import exact_mean
+from training import windows
+from training.windows import Param
 
 
 class Calibration:
@@ -25,14 +27,15 @@ class Calibration:
         return self.steps[name]
 
 
-def linear(p: dict[str, torch.Tensor], name: str, x: torch.Tensor, calib: Calibration | None = None,
+def linear(p: dict[str, Param], name: str, x: torch.Tensor, calib: Calibration | None = None,
            ops=REF) -> torch.Tensor:
-    """int8 W8A8 QAT linear `name` (weight `name.weight`, activation step `name.s_x`)."""
+    """int8 W8A8 QAT linear `name` (weight `name.weight`, activation step `name.s_x`) on x [windows, T, K]; a
+    per-window weight gives per-window gradients (training/windows.py)."""
     s_x = calib.step_for(f"{name}.s_x", x) if calib is not None else p[f"{name}.s_x"]
-    return ops.int8_linear.int8_linear(x, p[f"{name}.weight"], s_x)
+    return windows.int8_linear(ops, x, p[f"{name}.weight"], s_x)
 
 
-def ffn(p: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, calib: Calibration | None = None,
+def ffn(p: dict[str, Param], prefix: str, x: torch.Tensor, calib: Calibration | None = None,
         ops=REF) -> torch.Tensor:
     """SwiGLU FFN: one fused gate|up GEMM, silu(gate) * up, the down projection."""
     up = ops.swiglu.swiglu(linear(p, f"{prefix}.w_gate_up", x, calib, ops))

@@ -1,14 +1,15 @@
 """The cross-rank gradient reduction of a real group, bucket by bucket, overlapped with the last local backward.
 
-A rank's microbatches stream into per-tensor ExactSums (training/reduction.py). Before the last one's backward
-runs, a tensor hook on every leaf adds that leaf's gradient to its sum the moment autograd produces it (hooks fire
-under torch.autograd.grad too). The tensors are cut into buckets in the order the backward produces them (the
+A rank's windows' gradients stream into per-tensor ExactSums (training/reduction.py). Before the last microbatch's
+backward runs, a tensor hook on each of its per-window leaves (training/windows.py) adds that leaf's gradient to its
+sum the moment autograd produces it (hooks fire under torch.autograd.grad too); a tensor is complete once every
+window's gradient of it is in. The tensors are cut into buckets in the order the backward produces them (the
 reverse of the parameters' order in the model spec, the same on every rank); once all of a bucket's tensors are in,
 the bucket goes to one communication thread, which reduces the buckets across ranks strictly in bucket order (so
 every rank issues the same collectives in the same order, also a rank with no microbatch, which only adds zeros),
 while the backward goes on producing the next buckets.
 
-The bits are the unbucketed reduction's: every partial enters its ExactSum the same number of times, integer sums
+The bits are the unbucketed reduction's: every partial enters its ExactSum once, integer sums
 are order-free, and both the compact wire and the reduce-scatter give each element a function of its own integers
 only, whatever else shares the exchange. Gradients the backward never produces (unused leaves) enter as zeros when
 it ends, as they did before.
@@ -53,75 +54,81 @@ class Overlapped:
     """One step's bucketed reduction (module doc): `run(parts)` returns each bucket's `reduce_bucket(names)` result
     in bucket order.
 
-    `leaves`: the step's autograd leaves by name; `add(name, grad, coord)`: puts a partial into the sums;
+    `numel`: elements per tensor name; `windows`: this rank's partials (one per window); `last`: the coords of the
+    last microbatch's windows, whose gradients the hooks take; `add(name, grad)`: puts a partial into the sums;
     `reduce_bucket(names)`: the cross-rank reduction of those tensors' sums (runs on the communication thread)."""
 
-    def __init__(self, leaves: dict[str, torch.Tensor], buckets: list[tuple[str, ...]], microbatches: int,
-                 add: Callable[[str, torch.Tensor, object], None], reduce_bucket: Callable[[tuple[str, ...]], object],
+    def __init__(self, numel: dict[str, int], buckets: list[tuple[str, ...]], windows: int, last: list,
+                 add: Callable[[str, torch.Tensor], None], reduce_bucket: Callable[[tuple[str, ...]], object],
                  observer: Callable[[str, int], None] | None = None) -> None:
-        self.leaves, self.buckets, self.last = leaves, buckets, microbatches - 1
+        self.buckets, self.windows, self.last = buckets, windows, list(last)
         self.add, self.reduce_bucket = add, reduce_bucket
         self.observe = observer or (lambda event, bucket: None)
         self.bucket_of = {k: i for i, names in enumerate(buckets) for k in names}
-        missing = set(leaves) ^ set(self.bucket_of)
+        missing = set(numel) ^ set(self.bucket_of)
         if missing:
             raise ConfigError(f"gradient buckets and leaves differ in {sorted(missing)}")
         self.left = [len(names) for names in buckets]  # tensors still to come, per bucket
-        self.consumed = 0  # microbatches taken from `parts`; the hooks act while it equals `last`
-        self.last_coord = None
+        self.arrived: dict[str, int] = {}  # hooked gradients per tensor of the last microbatch (one per window)
         self.done: set[str] = set()
         self.next = 0  # the next bucket to hand over (buckets go in order)
         self.futures: list[Future] = []
-        self.cuda = any(t.device.type == "cuda" for t in leaves.values())
+        self.cuda = False
+        self.device = None
+        self.handles: list = []
         self.lock = threading.Lock()  # hooks may run on autograd's device thread
         self.pool: ThreadPoolExecutor | None = None
 
-    def run(self, parts: Iterable[tuple[object, dict[str, torch.Tensor]]], last_coord) -> list:
-        """Consume `parts` (coord, grads) lazily; `last_coord`: the last microbatch's coord (its weight's key)."""
-        self.last_coord = last_coord
-        handles = [t.register_hook(self._hook(k)) for k, t in self.leaves.items()]
+    def watch(self, leaves: dict[str, tuple[torch.Tensor, ...]], coords: list) -> None:
+        """Before a microbatch's backward: for the last one, a hook on every per-window leaf adds its gradient."""
+        if list(coords) != self.last:
+            return
+        self.observe("last_microbatch", -1)
+        for name, per in leaves.items():
+            for leaf in per:
+                self.handles.append(leaf.register_hook(self._hook(name, len(per))))
+            if per and per[0].device.type == "cuda":
+                self.cuda, self.device = True, per[0].device
+
+    def run(self, parts: Iterable[tuple[object, dict[str, torch.Tensor]]]) -> list:
+        """Consume `parts` (coord, grads), one per window, lazily."""
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="grad-reduce") as self.pool:
-                it = iter(parts)
-                while True:
-                    if self.consumed == self.last:
-                        self.observe("last_microbatch", -1)
-                    try:
-                        coord, g = next(it)
-                    except StopIteration:
-                        break
-                    if self.consumed < self.last:
+                if not self.last:
+                    self.observe("last_microbatch", -1)
+                seen = 0
+                for coord, g in parts:
+                    seen += 1
+                    if coord not in self.last:
                         for k, v in g.items():
-                            self.add(k, v, coord)
-                    else:
-                        for k, v in g.items():  # gradients no hook saw: the unused leaves' zeros
-                            if k not in self.done:
-                                self._take(k, v)
-                    self.consumed += 1
-                if self.consumed != self.last + 1:
-                    raise ConfigError(f"gradient reduction: got {self.consumed} microbatches, expected {self.last + 1}")
+                            self.add(k, v)
+                        continue
+                    with self.lock:  # gradients no hook saw: the unused leaves' zeros, window by window
+                        for k, v in g.items():
+                            if k not in self.done and k not in self.arrived:
+                                self.add(k, v)
+                if seen != self.windows:
+                    raise ConfigError(f"gradient reduction: got {seen} partials, expected {self.windows}")
                 with self.lock:
-                    for k in self.bucket_of:  # a rank without microbatches: zero sums for every tensor
+                    for k in self.bucket_of:  # unused leaves, and a rank without windows: its sums are complete
                         if k not in self.done:
                             self._mark(k)
                 return [f.result() for f in self.futures]
         finally:
-            for h in handles:
+            for h in self.handles:
                 h.remove()
 
-    def _hook(self, name: str):
+    def _hook(self, name: str, windows: int):
         def hook(grad: torch.Tensor) -> None:
-            if self.consumed == self.last:
-                self._take(name, grad)
+            with self.lock:
+                if name in self.done:
+                    raise ConfigError(f"gradient reduction: the gradient of {name} arrived twice in one backward")
+                self.add(name, grad)
+                self.arrived[name] = self.arrived.get(name, 0) + 1
+                if self.arrived[name] == windows:  # every window's gradient is in
+                    self.observe("gradient", self.bucket_of[name])
+                    self._mark(name)
         return hook
-
-    def _take(self, name: str, grad: torch.Tensor) -> None:
-        with self.lock:
-            if name in self.done:
-                raise ConfigError(f"gradient reduction: the gradient of {name} arrived twice in one backward")
-            self.add(name, grad, self.last_coord)
-            self.observe("gradient", self.bucket_of[name])
-            self._mark(name)
 
     def _mark(self, name: str) -> None:
         """`name` is in its sum: hand over every complete bucket that is next in order (caller holds the lock)."""
@@ -139,7 +146,7 @@ class Overlapped:
 
     def _reduce(self, i: int, event) -> object:
         if event is not None:
-            torch.cuda.set_device(next(iter(self.leaves.values())).device)  # the current device is per thread
+            torch.cuda.set_device(self.device)  # the current device is per thread
             torch.cuda.current_stream().wait_event(event)
         self.observe("start", i)
         out = self.reduce_bucket(self.buckets[i])

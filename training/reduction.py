@@ -44,7 +44,7 @@ F32, F64 = torch.float32, torch.float64
 
 @dataclass(frozen=True)
 class Coord:
-    """Where a microbatch ran: replica, shard, and its index in that rank's accumulation."""
+    """Where a partial ran: replica, shard, and its window's place among that rank's windows."""
 
     replica: int
     shard: int
@@ -211,6 +211,12 @@ def _scale(g: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
     return {k: v * inv.to(v.device) for k, v in g.items()}
 
 
+def window_coords(plan: list[tuple[Coord, list[int]]]) -> list[Coord]:
+    """Every window's coord, in plan order, from a plan of (microbatch coord, its windows): the partials a step
+    reduces, one per window; a microbatch's `micro` is its first window's place among its rank's windows."""
+    return [Coord(c.replica, c.shard, c.micro + j) for c, wins in plan for j in range(len(wins))]
+
+
 def mesh_order(topo: Topology, accum: int) -> list[Coord]:
     """Every microbatch of a step in mesh order: replica-major, shard-minor, then accumulation."""
     return [Coord(r, s, a) for r in range(topo.dp_replicate) for s in range(topo.dp_shard) for a in range(accum)]
@@ -230,20 +236,17 @@ def _checked(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]],
 
 
 def exact_sums(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], ops=None,
-               like: dict[str, torch.Tensor] | None = None,
-               weight: dict[Coord, int] | None = None) -> dict[str, ExactSum]:
-    """Per tensor name, the ExactSum of the partials (any order, any subset: e.g. one real rank's microbatches).
+               like: dict[str, torch.Tensor] | None = None) -> dict[str, ExactSum]:
+    """Per tensor name, the ExactSum of the partials (any order, any subset: e.g. one real rank's windows).
 
     `ops`: the op backend (ExactSum's fused kernels under kernels.backend("triton")); None is eager. `like`: a
-    tensor per name, so that a rank with no partial still holds a (zero) sum of every tensor to all-reduce.
-    `weight`: how many times a microbatch's partial enters the sum (default once); adding it w times is exact."""
+    tensor per name, so that a rank with no partial still holds a (zero) sum of every tensor to all-reduce."""
     sums: dict[str, ExactSum] = {k: ExactSum(tuple(v.shape), v.device, ops) for k, v in (like or {}).items()}
-    for c, g in partials:
-        for _ in range(weight[c] if weight else 1):
-            for k, v in g.items():
-                if k not in sums:
-                    sums[k] = ExactSum(tuple(v.shape), v.device, ops)
-                sums[k].add(v)
+    for _, g in partials:
+        for k, v in g.items():
+            if k not in sums:
+                sums[k] = ExactSum(tuple(v.shape), v.device, ops)
+            sums[k].add(v)
     return sums
 
 
@@ -298,10 +301,9 @@ def ordered_across_ranks(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]
 
 
 def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], topology: Topology,
-                     coords: list[Coord], mode: str = "exact", ops=None,
-                     weights: list[int] | None = None) -> dict[str, torch.Tensor]:
+                     coords: list[Coord], mode: str = "exact", ops=None) -> dict[str, torch.Tensor]:
     """The mean gradient over a step's windows, reduced by `mode` (module doc); float32 tensors. `coords`: the
-    step's microbatches in mesh order; `weights` (exact only): how many times each enters the sum (default once).
+    step's partials (one per window) in mesh order.
 
     `partials` may be a generator: at most one partial (plus the accumulators) is resident at a time.
     """
@@ -309,10 +311,7 @@ def reduce_gradients(partials: Iterable[tuple[Coord, dict[str, torch.Tensor]]], 
         raise ConfigError(f"train.reduction: expected one of {REDUCTIONS}, got {mode!r}")
     it = _checked(partials, coords)
     if mode == "exact":
-        w = dict(zip(coords, weights)) if weights is not None else None
-        return exact_result(exact_sums(it, ops, weight=w), sum(weights) if weights is not None else len(coords))
-    if weights is not None and set(weights) != {1}:
-        raise ConfigError("train.reduction='ordered': microbatches of different sizes (use 'exact')")
+        return exact_result(exact_sums(it, ops), len(coords))
     accum = uniform_accum(coords, topology)
     fold = TreeFold()
     inner = rank = None

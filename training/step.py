@@ -1,14 +1,16 @@
 """The one training step, used by the trainer and (later) by the replay: a step on a virtual topology.
 
 For each microbatch in mesh order (replica-major, shard-minor, then accumulation), forward and backward
-with kernels ops on the float32 widening of the masters; the partial gradients stream into the canonical
-reduction (training/reduction.py); then the pre-clip norm, the clip, the spike protocol and AdamW. Rank
-r = replica * dp_shard + shard owns window m iff m mod world == r (stream.windows_for); its windows are
-cut into `accum` microbatches of `micro_batch` consecutive owned windows. One process thus computes the
-bits a cluster of that shape computes.
+with kernels ops on the float32 widening of the masters; each window's gradient, its own (training/windows.py),
+streams into the canonical reduction (training/reduction.py) as one partial; then the pre-clip norm, the clip,
+the spike protocol and AdamW. Rank r = replica * dp_shard + shard owns window m iff m mod world == r
+(stream.windows_for); its windows are cut into microbatches of `micro_batch` consecutive owned windows, which
+run together. A step's partials are its windows whatever the cut, so its bits depend neither on `micro_batch`
+nor, with the exact reduction, on the topology. One process thus computes the bits a cluster of that shape
+computes.
 
 Stage digests (the hash log's `digests`, what a replay uses to say which stage diverged): `forward`, the
-microbatches' float32 (loss, ce, z) rows sorted by their windows; `backward`, blake3 over
+windows' float32 (loss, ce, z) rows sorted by window; `backward`, blake3 over
 "windows:named_digest(partial gradients);" sorted by windows; `reduced` and `clipped`, named_digest of the
 reduced and post-clip gradients; `optimizer`, named_digest of the updated parameters and both moments
 (kernels/digest.py). Keyed by windows, not mesh position, they name the same work under any topology. The raw
@@ -27,9 +29,9 @@ to the shard owners of each replica and summed across replicas; each owner clips
 norm (global_l2_norm's bits) and updates its slice of parameters and moments; the parameters are all-gathered
 in the replica. Rank 0 then holds the full state (m, v and grads gathered to it); every other rank holds full
 parameters and only its slice of m, v and grads (`state.shard`), and returns no stage digests. Either way the
-per-microbatch loss rows, partial digests and expert loads are gathered to every rank, so rank 0 logs the
+per-window loss rows, partial digests and expert loads are gathered to every rank, so rank 0 logs the
 digests of the one-process run on the same virtual topology. With `ordered` reduction (S = 1 only) each rank
-folds its microbatches in order and the ranks' means meet in collectives' recursive-doubling all-reduce, whose
+folds its windows' gradients in order and the ranks' means meet in collectives' recursive-doubling all-reduce, whose
 bits are TreeFold's: the bits of the virtual topology R x 1, 4 bytes an element on the wire.
 """
 from __future__ import annotations
@@ -50,9 +52,10 @@ from training.model import forward, rope_for
 from training.optim import SpikeState, spike_decision
 from training.overlap import BUCKET_ELEMENTS
 from training.params import ParamSpec, spec_map
-from training.reduction import Coord
+from training.reduction import Coord, window_coords
 from training.sharding import Shard
 from training.strategies import read_partial_digests, strategy_for
+from training import windows
 from kernels.ref.reduce import exact_mean
 
 F32 = torch.float32
@@ -84,7 +87,7 @@ class StepResult:
     step: int
     windows: tuple[int, int]
     topology: str
-    accum: int  # the step's microbatches over all ranks (with micro_batch 1: its windows, on any world)
+    accum: int  # the step's partial gradients over all ranks: one per window, on any world and any micro_batch
     loss: float
     ce: float
     z: float
@@ -136,22 +139,15 @@ def microbatch_plan(step: int, topology: Topology, micro_batch: int,
                     batch: stream.BatchSchedule) -> list[tuple[Coord, list[int]]]:
     """[(coord, window indices)] of `step` on `topology`, in mesh order (replica-major, shard-minor, then the
     rank's microbatches): rank r's windows (m mod world == r) cut into runs of `micro_batch`, the last run shorter
-    where they do not divide. Ranks may own different numbers of windows, or none (then no microbatch)."""
+    where they do not divide. Ranks may own different numbers of windows, or none (then no microbatch). A coord's
+    `micro` is its first window's place among the rank's windows: window j of a microbatch is `micro + j`."""
     plan = []
     for rank in range(topology.world):
         owned = list(stream.windows_for(step, rank, topology.world, batch))
         replica, shard = divmod(rank, topology.dp_shard)
         for i in range(0, len(owned), micro_batch):
-            plan.append((Coord(replica, shard, i // micro_batch), owned[i:i + micro_batch]))
+            plan.append((Coord(replica, shard, i), owned[i:i + micro_batch]))
     return plan
-
-
-def weights(plan: list[tuple[Coord, list[int]]]) -> list[int]:
-    """How many times each microbatch's gradient enters the step's sum: once each when every microbatch holds as
-    many windows (the mean over microbatches is then the mean over windows), else its window count (the exact
-    sum takes a partial w times exactly), so that every window weighs the same."""
-    sizes = [len(w) for _, w in plan]
-    return [1] * len(plan) if len(set(sizes)) <= 1 else sizes
 
 
 class _HashClock:
@@ -182,26 +178,38 @@ class _HashClock:
 
 
 def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, plan, ctx: StepContext,
-              losses: list, partial_digests: list | None, load: dict, clock: _HashClock):
-    """Generator of (coord, grads) in mesh order; records per-microbatch (windows, loss, ce, z), the partial
-    gradients' digests (queued on the device: PendingNamed) and the expert loads."""
+              losses: list, partial_digests: list | None, load: dict, clock: _HashClock, watch=None):
+    """Generator of (coord, grads), one per window in mesh order: each microbatch's windows run forward and
+    backward together, each window's gradient its own (training/windows.py). Records per window (windows, loss,
+    ce, z), the partial gradients' digests (queued on the device: PendingNamed), and the expert loads.
+    `watch(leaves, coords)`, when given, sees each microbatch's per-window leaves before its backward."""
     names = list(params32)
-    leaves = [params32[k] for k in names]
-    for coord, wins in plan:
+    for micro, (coord, wins) in enumerate(plan):
         rows = torch.tensor([w - lo for w in wins], dtype=torch.int64, device=tokens.device)
-        out = forward(params32, ctx.cfg.model, tokens.index_select(0, rows), ctx.rope, z_loss=ctx.cfg.train.z_loss,
+        per = windows.leaves(params32, len(wins))
+        coords = window_coords([(coord, wins)])
+        if watch is not None:
+            watch(per, coords)
+        out = forward(per, ctx.cfg.model, tokens.index_select(0, rows), ctx.rope, z_loss=ctx.cfg.train.z_loss,
                       ops=ctx.ops)
-        grads = torch.autograd.grad(out.loss, leaves, allow_unused=True)
+        flat = [leaf for k in names for leaf in per[k]]
+        # the windows' losses are separate: a sum's backward hands each window's loss the gradient 1 exactly
+        grads = list(torch.autograd.grad(out.loss.sum(), flat, allow_unused=True))
         if ctx.observer is not None:
-            ctx.observer("backward_end", len(losses))  # this microbatch's backward has returned
-        g = {k: (gi if gi is not None else torch.zeros_like(p)) for k, gi, p in zip(names, grads, leaves)}
-        losses.append((wins, torch.stack([out.loss.detach(), out.ce.detach(), out.z.detach()])))
+            ctx.observer("backward_end", micro)  # this microbatch's backward has returned
         for layer, counts in out.load.items():
             load[layer] = load[layer] + counts if layer in load else counts
-        if partial_digests is not None:
-            with clock.span():
-                partial_digests.append((wins, PendingNamed(g)))
-        yield coord, g
+        n = len(wins)
+        for j, (w, c) in enumerate(zip(wins, coords)):
+            g = {k: (grads[i * n + j] if grads[i * n + j] is not None else torch.zeros_like(params32[k]))
+                 for i, k in enumerate(names)}
+            for i in range(len(names)):  # the partial is g's alone now: freed once the reduction has taken it
+                grads[i * n + j] = None
+            losses.append(([w], torch.stack([out.loss[j].detach(), out.ce[j].detach(), out.z[j].detach()])))
+            if partial_digests is not None:
+                with clock.span():
+                    partial_digests.append(([w], PendingNamed(g)))
+            yield c, g
 
 
 def _stage_digests(per_mb: torch.Tensor, partial_digests: list, reduced: dict, clipped: dict, state: TrainState,
@@ -236,19 +244,18 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
         raise ConfigError(f"step {step} would train on windows [{lo}, {hi}) past train.heldout_window="
                           f"{t.heldout_window}: the held-out slice; raise heldout_window or stop earlier")
     plan = microbatch_plan(step, topology, t.micro_batch, ctx.batch)
-    weight = weights(plan)
-    params32 = {k: v.to(F32).requires_grad_(True) for k, v in state.params.items()}  # widened once per step
-    strategy = strategy_for(ctx, state, topology, plan, weight, group, params32)
+    params32 = {k: v.to(F32) for k, v in state.params.items()}  # widened once per step
+    strategy = strategy_for(ctx, state, topology, plan, group, params32)
     losses: list = []
     load: dict[str, torch.Tensor] = {}
     partial_digests = [] if t.stage_digests else None
     clock = _HashClock(tokens.device)
     reduced = strategy.reduce(_partials(params32, tokens, lo, strategy.plan, ctx, losses, partial_digests, load,
-                                        clock))
+                                        clock, strategy.watch))
     losses, partial_digests, load = strategy.gather(losses, partial_digests, load)
-    # microbatches keyed by their windows: the stage digests name the same work under any mesh order
+    # keyed by window: the stage digests name the same work under any mesh order and any microbatch cut
     losses.sort(key=lambda wl: wl[0])
-    per_mb = torch.stack([x for _, x in losses])  # [microbatches, (loss, ce, z)] in window order
+    per_mb = torch.stack([x for _, x in losses])  # [windows, (loss, ce, z)] in window order
     means = exact_mean(per_mb, dim=0)
     norm, coef, clipped = strategy.clip(reduced, t.clip_norm)
     lr = ctx.lr.at_step(step, ctx.batch)
@@ -263,7 +270,7 @@ def run_step(state: TrainState, tokens: torch.Tensor, topology: Topology, ctx: S
     digests, t0 = {}, time.perf_counter()
     if t.stage_digests and strategy.writer:
         digests, t0 = _stage_digests(per_mb, partial_digests, reduced, clipped, state, memo, clock)
-    return StepResult(step, (lo, hi), topology.label(), len(plan), float(means[0]), float(means[1]), float(means[2]),
+    return StepResult(step, (lo, hi), topology.label(), hi - lo, float(means[0]), float(means[1]), float(means[2]),
                       float(norm), float(coef), lr, applied, triggered, digests,
                       time.perf_counter() - t0 + clock.seconds(),
                       {k: [int(c) for c in v.tolist()] for k, v in load.items()}, memo)

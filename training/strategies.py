@@ -8,7 +8,8 @@ training/step.py's `run_step` reads straight through:
 - `Sharded`: HSDP on a real group (S > 1, training/sharding.py): the reduce-scatter bucket by bucket, overlapped
   likewise; each rank clips and updates its slice.
 
-`plan` (this process's microbatches), `reduce(parts)` (the mean gradient, or my slice of it), `gather(...)`
+`plan` (this process's microbatches), `reduce(parts)` (the mean gradient over the step's windows, or my slice of
+it; a partial per window), `watch` (sees a microbatch's per-window leaves before its backward, or None), `gather(...)`
 (every rank's loss rows, partial digests and loads), `clip`, `update` (AdamW), `settle` (what the state keeps,
 and the full tensors the stage digests read), `writer` (whether this rank writes the digests).
 """
@@ -20,7 +21,8 @@ from training.config import Topology, TrainConfig
 from training.errors import ConfigError
 from training.optim import adamw_update, clip
 from training.overlap import Overlapped, bucket_plan
-from training.reduction import Coord, ExactSum, exact_across_ranks, ordered_across_ranks, reduce_gradients, uniform_accum
+from training.reduction import ExactSum, exact_across_ranks, ordered_across_ranks, reduce_gradients, uniform_accum, \
+    window_coords
 from training.sharding import ShardedStep
 
 F32 = torch.float32
@@ -37,14 +39,15 @@ class Virtual:
     """Every rank of `topology` in this process: the canonical reduction of training/reduction.py."""
 
     writer = True
+    watch = None
 
-    def __init__(self, ctx, topology: Topology, plan: list, weight: list[int]) -> None:
-        self.ctx, self.topology, self.plan, self.weight = ctx, topology, plan, weight
-        self.coords = [c for c, _ in plan]
+    def __init__(self, ctx, topology: Topology, plan: list) -> None:
+        self.ctx, self.topology, self.plan = ctx, topology, plan
+        self.coords = window_coords(plan)
 
     def reduce(self, parts) -> dict[str, torch.Tensor]:
         t = self.ctx.cfg.train
-        return reduce_gradients(parts, self.topology, self.coords, t.reduction, self.ctx.ops, self.weight)
+        return reduce_gradients(parts, self.topology, self.coords, t.reduction, self.ctx.ops)
 
     def gather(self, losses: list, partial_digests: list | None, load: dict) -> tuple[list, list | None, dict]:
         return losses, partial_digests, load
@@ -63,34 +66,35 @@ class Virtual:
 class Replicated(Virtual):
     """A real group, every rank with the full state: this rank's microbatches, then one cross-rank reduction."""
 
-    def __init__(self, ctx, topology: Topology, plan: list, weight: list[int], group, params32: dict) -> None:
-        super().__init__(ctx, topology, plan, weight)
+    def __init__(self, ctx, topology: Topology, plan: list, group, params32: dict) -> None:
+        super().__init__(ctx, topology, plan)
         t = ctx.cfg.train
-        self.group, self.params32, self.n = group, params32, sum(weight)
+        self.group, self.params32, self.n = group, params32, len(self.coords)
         if t.reduction == "ordered":
-            if set(weight) != {1}:
-                raise ConfigError("train.reduction='ordered': microbatches of different sizes (use 'exact')")
             self.accum = uniform_accum(self.coords, topology)  # every rank the same count, before the cut
         me = divmod(group.rank, topology.dp_shard)  # (replica, shard)
         self.plan = [(c, w) for c, w in plan if (c.replica, c.shard) == me]  # possibly none: it adds zeros
+        self.run: Overlapped | None = None
+
+    def watch(self, leaves: dict, coords: list) -> None:
+        if self.run is not None:
+            self.run.watch(leaves, coords)
 
     def _overlapped(self, parts, reduce_bucket) -> list:
         """`reduce_bucket(sums, names)` of this rank's exact sums, every bucket in order, the buckets reduced as
         the last local backward produces them (training/overlap.py)."""
-        ops, weight = self.ctx.ops, dict(zip(self.coords, self.weight))
-        sums = {k: ExactSum(tuple(v.shape), v.device, ops) for k, v in self.params32.items()}
-
-        def add(name: str, g: torch.Tensor, coord: Coord) -> None:
-            for _ in range(weight[coord]):  # a partial entering w times: exact
-                sums[name].add(g)
-
+        sums = {k: ExactSum(tuple(v.shape), v.device, self.ctx.ops) for k, v in self.params32.items()}
         numel = {k: v.numel() for k, v in self.params32.items()}
         # the model spec's order, reversed: the backward's order, and the same on every rank whatever its dict order
         order = [k for k in reversed(list(self.ctx.specs)) if k in numel] + sorted(set(numel) - set(self.ctx.specs))
         buckets = bucket_plan(numel, order, self.ctx.bucket_elements)
-        run = Overlapped(self.params32, buckets, len(self.plan), add, lambda names: reduce_bucket(sums, names),
-                         self.ctx.observer)
-        return run.run(parts, self.plan[-1][0] if self.plan else None)
+        last = window_coords(self.plan[-1:])  # the last microbatch's windows: their gradients go by the hooks
+        self.run = Overlapped(numel, buckets, len(window_coords(self.plan)), last, lambda name, g: sums[name].add(g),
+                              lambda names: reduce_bucket(sums, names), self.ctx.observer)
+        try:
+            return self.run.run(parts)
+        finally:
+            self.run = None
 
     def reduce(self, parts) -> dict[str, torch.Tensor]:
         if self.ctx.cfg.train.reduction == "ordered":
@@ -118,12 +122,11 @@ class Replicated(Virtual):
 class Sharded(Replicated):
     """HSDP on a real group (training/sharding.py): my slice of the mean gradient, of the clip and of AdamW."""
 
-    def __init__(self, ctx, topology: Topology, plan: list, weight: list[int], group, params32: dict,
-                 state) -> None:
+    def __init__(self, ctx, topology: Topology, plan: list, group, params32: dict, state) -> None:
         if ctx.cfg.train.reduction == "ordered":
             raise ConfigError(f"train.reduction='ordered' with HSDP ({topology.label()}) on real workers: not "
                               f"wired; use 'exact' (the same bits on any mesh) or --dp-shard 1")
-        super().__init__(ctx, topology, plan, weight, group, params32)
+        super().__init__(ctx, topology, plan, group, params32)
         self.step = ShardedStep(state, topology.dp_shard, group)
         self.writer = self.step.writer
 
@@ -143,8 +146,7 @@ class Sharded(Replicated):
         return reduced, state.grads
 
 
-def strategy_for(ctx, state, topology: Topology, plan: list[tuple[Coord, list[int]]], weight: list[int],
-                 group, params32: dict):
+def strategy_for(ctx, state, topology: Topology, plan: list, group, params32: dict):
     """The strategy for a step on `topology`: in this process (no group, or a group of one), replicated or sharded
     on `group`."""
     if group is not None and topology.world != group.world:
@@ -153,12 +155,12 @@ def strategy_for(ctx, state, topology: Topology, plan: list[tuple[Coord, list[in
     if group is None or group.world == 1:
         # a group of one exchanges nothing: its rank is the whole topology, as in the one-process trainer (no
         # encode, no collective, no host round trip on the GPU; the same bits, since a sum of one partial is itself)
-        strategy = Virtual(ctx, topology, plan, weight)
+        strategy = Virtual(ctx, topology, plan)
     else:
         if topology.dp_shard > 1:
-            strategy = Sharded(ctx, topology, plan, weight, group, params32, state)
+            strategy = Sharded(ctx, topology, plan, group, params32, state)
         else:
-            strategy = Replicated(ctx, topology, plan, weight, group, params32)
+            strategy = Replicated(ctx, topology, plan, group, params32)
     if state.shard is not None and not isinstance(strategy, Sharded):
         raise ConfigError(f"step {state.step}: this rank holds only a slice of the optimizer state (HSDP); topology "
                           f"{topology.label()} needs the full state: restart from a checkpoint")

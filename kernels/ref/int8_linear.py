@@ -95,15 +95,16 @@ def lsq_grad_scale(numel: int, device=None) -> torch.Tensor:
 
 def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *,
                          rotate: bool = True, block: int = DEFAULT_BLOCK,
-                         needs: tuple[bool, bool, bool] = (True, True, True),
+                         needs: tuple[bool, bool, bool] = (True, True, True), s_w: torch.Tensor | None = None,
                          ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(dx like x, dw float32 [N, K], ds_x 0-dim float32) for upstream g [..., N] (module doc).
 
     Everything is recomputed from (x, w, s_x) with the forward's functions, so it has the forward's bits.
+    s_w: w's step (weight_step(w)) when the caller has it, else it is taken here.
     """
     need_x, need_w, need_s = needs
     g2, x2 = _flat(g), _flat(x)
-    s_w = weight_step(w)
+    s_w = weight_step(w) if s_w is None else s_w
     q_w, v_w = quantize_weight(w, s_w)
     q_x, v_x = quantize_activation(x2, s_x)
     dx = dw = ds = None
@@ -140,7 +141,8 @@ class _Int8Linear(torch.autograd.Function):
         return dx, dw, ds, None, None
 
 
-def _validate(x, w, s_x, block: int) -> None:
+def validate(x, w, s_x, block: int) -> None:
+    """ValueError naming the argument when (x, w, s_x, block) is not a call this op takes."""
     expect(OP, "x", x, dtype=F32)
     if x.dim() < 1 or x.numel() == 0:
         raise ValueError(f"{OP}: argument 'x' must be [..., K] with at least one element, got {tuple(x.shape)}")
@@ -164,9 +166,9 @@ def int8_linear(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *, rotate: 
 
     `rotate=False` skips the backward's Hadamard rotation (for measurement only); `block` is its block size.
     """
-    _validate(x, w, s_x, block)
+    validate(x, w, s_x, block)
     return _Int8Linear.apply(x, w, s_x, rotate, block)
 
 
-__all__ = ["int8_linear", "int8_linear_forward", "int8_linear_backward", "weight_step", "repin_constant",
+__all__ = ["int8_linear", "int8_linear_forward", "int8_linear_backward", "validate", "weight_step", "repin_constant",
            "quantize_weight", "quantize_activation", "lsq_step_factor", "lsq_grad_scale"]

@@ -282,7 +282,7 @@ class _Int8Linear(torch.autograd.Function):
 def int8_linear(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *, rotate: bool = True,
                 block: int = DEFAULT_BLOCK) -> torch.Tensor:
     """int8 W8A8 QAT linear x [..., K] float32, w [N, K] float32/bf16, s_x 0-dim: the bits of ref.int8_linear."""
-    ref._validate(x, w, s_x, block)
+    ref.validate(x, w, s_x, block)
     if not _usable(x, w, s_x):
         return ref.int8_linear(x, w, s_x, rotate=rotate, block=block)
     return _Int8Linear.apply(x, w, s_x, rotate, block)

@@ -160,11 +160,12 @@ def test_one_partial_takes_the_short_path_with_the_limbs_bits():
 
 
 @pytest.mark.parametrize("world", [3, 5, 7, 11])
-def test_uneven_ranks_and_short_microbatches_weigh_every_window_the_same(world):
+def test_uneven_ranks_and_short_microbatches_reduce_one_partial_per_window(world):
     """8 windows on `world` ranks, microbatches of up to 2 windows: ranks own different counts (or none), some
-    microbatches hold one window. Each partial is the mean of its windows' gradients; entering the sum once per
-    window it holds, the result is the correctly rounded mean over the 8 windows, whatever the split."""
-    from training.step import microbatch_plan, weights
+    microbatches hold one window. Every window is a partial of its own, so the result is the correctly rounded
+    mean over the 8 windows, whatever the split; `ordered` needs the same count on every rank."""
+    from training.reduction import window_coords
+    from training.step import microbatch_plan
 
     import stream
 
@@ -172,13 +173,12 @@ def test_uneven_ranks_and_short_microbatches_weigh_every_window_the_same(world):
     batch = stream.BatchSchedule(64, (stream.BatchPhase(1 << 40, 8),))
     topo = Topology(world, 1)
     plan = microbatch_plan(0, topo, 2, batch)
-    # a microbatch's partial: the mean of its windows' gradients (as the loss is a mean over its tokens)
-    parts = [(c, {"w": (per_window[w[0]] + per_window[w[1]]) * torch.tensor(0.5) if len(w) == 2
-                  else per_window[w[0]]}) for c, w in plan]
-    got = reduce_gradients(iter(parts), topo, [c for c, _ in plan], "exact", weights=weights(plan))["w"]
+    coords = window_coords(plan)
+    assert len(coords) == 8 and len(set(coords)) == 8
+    parts = [(c, {"w": per_window[w]}) for c, w in zip(coords, [w for _, ws in plan for w in ws])]
+    got = reduce_gradients(iter(parts), topo, coords, "exact")["w"]
     for j in range(9):
-        # 2 * ((a + b) * 0.5) is a + b exactly unless the float32 sum rounded; the mean over windows as reduced
-        want = sum(Fraction(float(g["w"][j])) * n for (_, g), n in zip(parts, weights(plan))) / 8
+        want = sum(Fraction(float(g[j])) for g in per_window) / 8
         assert float(got[j]) == float(torch.tensor(float(want), dtype=torch.float32))
     with pytest.raises(ConfigError, match="ordered"):
-        reduce_gradients(iter(parts), topo, [c for c, _ in plan], "ordered", weights=weights(plan))
+        reduce_gradients(iter(parts), topo, coords, "ordered")

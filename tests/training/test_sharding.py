@@ -249,11 +249,13 @@ def test_threaded_2x2_steps_equal_the_one_process_steps(four, one_thread):
 
 def test_threaded_3x1_steps_equal_the_one_process_steps(four, one_thread):
     """Three rank threads without HSDP (owning 2, 1 and 1 of each step's 4 windows): the exact sums meet on the
-    compact wire, and every rank gets the one-process results and state hash of topology 3x1."""
+    compact wire, and every rank gets the one-process results and state hash of topology 3x1. The ranks run
+    microbatches of 2 windows, the one process single windows: rank 0's hooks take two windows' gradients of
+    every tensor in one backward, and the cut changes no bit."""
     topo = Topology(3, 1)
     ctx, tokens, _, want = _one_process(four, topo)
     hubs = {"world": Hub(topo.world)}
-    bucketed = replace(ctx, bucket_elements=BUCKET)
+    bucketed = replace(ctx, cfg=four.replace(**{"train.micro_batch": 2}), bucket_elements=BUCKET)
 
     def rank(r: int):
         st = TrainState.fresh(init_params(four.model, four.train.seed))

@@ -8,7 +8,8 @@ from training.errors import ConfigError
 from training.init import init_params
 from training.optim import SpikeState, spike_decision
 from training.state_hash import state_entries, state_hash
-from training.step import StepContext, TrainState, microbatch_plan, run_step, weights
+from training.reduction import window_coords
+from training.step import StepContext, TrainState, microbatch_plan, run_step
 
 SHAPES = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2)]
 
@@ -55,12 +56,14 @@ def test_microbatch_plan_follows_window_ownership(eight):
     plan = microbatch_plan(3, Topology(2, 2), 2, batch)
     assert [(c.replica, c.shard, c.micro, w) for c, w in plan] == [
         (0, 0, 0, [24, 28]), (0, 1, 0, [25, 29]), (1, 0, 0, [26, 30]), (1, 1, 0, [27, 31])]
-    assert weights(plan) == [1, 1, 1, 1]  # every microbatch full: the mean over microbatches
+    assert [(c.replica, c.shard, c.micro) for c in window_coords(plan)] == [  # a partial per window
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
     # any world: 8 windows on 3 ranks own 3, 3 and 2; cut by 2, rank 0 and 1 run a full and a short microbatch
     plan = microbatch_plan(0, Topology(3, 1), 2, batch)
-    assert [(c.replica, c.micro, w) for c, w in plan] == [(0, 0, [0, 3]), (0, 1, [6]), (1, 0, [1, 4]), (1, 1, [7]),
+    assert [(c.replica, c.micro, w) for c, w in plan] == [(0, 0, [0, 3]), (0, 2, [6]), (1, 0, [1, 4]), (1, 2, [7]),
                                                           (2, 0, [2, 5])]
-    assert weights(plan) == [2, 1, 2, 1, 2]  # then each window weighs the same: partials enter by their window count
+    assert [(c.replica, c.micro) for c in window_coords(plan)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2),
+                                                                   (2, 0), (2, 1)]
     # more ranks than windows: ranks 8 and 9 own none and run nothing
     plan = microbatch_plan(0, Topology(10, 1), 1, batch)
     assert [(c.replica, w) for c, w in plan] == [(r, [r]) for r in range(8)]
