@@ -24,13 +24,13 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def head():
     """(dashboard URL, GCS address) of a local head started with authentication on, in a Ray temporary directory
-    of its own (see tests/conftest.py's ray_temp_dir), its dashboard agent on a free port (tests/ray_heads.py)."""
-    from tests.ray_heads import job_head
+    of its own (see tests/conftest.py's ray_temp_dir)."""
+    from app.local_cluster import LocalCluster
 
     assert token_auth() == "token"
     tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    with job_head(tmp, num_cpus=1) as addresses:
-        yield addresses
+    with LocalCluster(head_cpus=1, slots=0, dashboard=True, temp_dir=tmp) as c:
+        yield c.dashboard_url, c.gcs_address
     shutil.rmtree(tmp, ignore_errors=True)
 
 

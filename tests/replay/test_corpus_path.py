@@ -81,7 +81,7 @@ def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_pat
                                                              submit_job, ray_temp_dir):
     from ray.job_submission import JobSubmissionClient
 
-    from tests.ray_heads import job_head
+    from app.local_cluster import LocalCluster
 
     work = tmp_path / "work"
     shutil.copytree(demo_corpus, work / "data" / "demo")
@@ -91,8 +91,8 @@ def test_a_ray_job_audits_a_run_with_a_relative_corpus_path(demo_corpus, tmp_pat
     env = yaml.safe_load((ROOT / "runtime_env.yaml").read_text())  # what a job ships: the checkout without data/
     for attempt in range(3):
         env["working_dir"] = str(_checkout_copy(tmp_path / f"checkout-{attempt}", attempt))
-        with job_head(f"{ray_temp_dir}/{attempt}", num_cpus=2) as (url, _):
-            client = JobSubmissionClient(url)
+        with LocalCluster(head_cpus=2, slots=0, dashboard=True, temp_dir=f"{ray_temp_dir}/{attempt}") as head:
+            client = JobSubmissionClient(head.dashboard_url)
             job = submit_job(client, entrypoint=f"{sys.executable} -m app audit batch --run {run} --segment 2 "
                                                 f"--no-progress", runtime_env=env)
             status = _job_status(client, job, timeout=300)
