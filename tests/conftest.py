@@ -74,7 +74,7 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def tiny1(tiny: RunConfig) -> RunConfig:
-    """tiny with one window per microbatch: what real workers need to split its batch of 2 windows."""
+    """tiny with one window per microbatch: tiny's bits (no bit depends on the cut), each window run alone."""
     return tiny.replace(**{"train.micro_batch": 1})
 
 

@@ -1,8 +1,8 @@
 """The CI scenario, which is also `make demo`'s story (app/demo.py): the tiny model trained on elastic Ray Train
 workers of a local cluster of simulated nodes, resized from 1 to 2 workers when a second slot joins, then every step
 batch-audited on the same cluster: 100% MATCH, the run VERIFIED. `make demo` runs 200 steps with the slot joining
-after step 100; this runs 150 with it joining after step 50: the same story and the same margin of steps for the
-resize to land, with a quarter less training and replay. The audit
+after step 100; this runs 100 with it joining after step 25 (checkpoints every 25): the same story, with 75 steps
+for the new node to come up and the resize to land, and half the training and replay. The audit
 replays every step (in its recorded topology, 1x1 or 2x1) from the run's verified checkpoints and compares
 state and chain hashes, so the resize is checked where it matters: the steps after it."""
 import json
@@ -15,14 +15,14 @@ import pytest
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 pytestmark = pytest.mark.slow
-STEPS, GROW_AT = 150, 50
+STEPS, GROW_AT = 100, 25
 
 
 def _jsonl(p: Path) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
 
 
-def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny1, tmp_path, capfd):
+def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny, tmp_path, capfd):
     pytest.importorskip("ray")
     from rich.console import Console
 
@@ -30,7 +30,7 @@ def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny1, tmp_path, ca
     from replay.certificates import read_certificates
 
     run = tmp_path / "demo"
-    out = story(tiny1, run, STEPS, GROW_AT, console=Console(quiet=True), progress=False, eval_every=0)
+    out = story(tiny, run, STEPS, GROW_AT, console=Console(quiet=True), progress=False, eval_every=0)
 
     assert out.summary["steps"] == STEPS and out.grew_at is not None and out.grew_at >= GROW_AT
     log = _jsonl(run / "hashlog.jsonl")

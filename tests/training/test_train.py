@@ -15,8 +15,8 @@ from training.report import report
 from training.train import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANT_STEPS = 70  # through the batch ramp (step 64: 2 -> 4 windows, accumulation 1 -> 2)
-STEPS, EVERY = 120, 60  # checkpoints at 60 and 120: a resume from 60 crosses the ramp
+VARIANT_STEPS = 66  # through the batch ramp (step 64: 2 -> 4 windows, one microbatch -> two)
+STEPS, EVERY = 80, 40  # checkpoints at 40 and 80: a resume from 40 crosses the ramp
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def test_resume_recomputes_logged_steps_and_detects_a_fork(tiny, run, tmp_path):
     c = tmp_path / "c"
     shutil.copytree(a, c, ignore=shutil.ignore_patterns(f"step-{STEPS:012d}"))
     lines = _lines(c)
-    forked = EVERY + 4  # past the checkpoint the resume starts from, and past the batch ramp
+    forked = EVERY + 4  # past the checkpoint the resume starts from
     rec = json.loads(lines[forked + 1])
     rec["chain_hash"] = "0" * 64  # pretend the original run had computed something else at that step
     lines[forked + 1] = json.dumps(rec, sort_keys=True, separators=(",", ":"))
