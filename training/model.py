@@ -123,7 +123,7 @@ def moe_layer(p: dict[str, Param], cfg: ModelConfig, i: int, f: torch.Tensor, ca
         return y, bal.expand(f.shape[0]), counts
     outs = [moe_ffn(Window(p, w), cfg, prefix, f[w:w + 1], calib, ops) for w in range(f.shape[0])]
     return (torch.cat([y for y, _, _ in outs]), torch.stack([bal for _, bal, _ in outs]),
-            torch.stack([c for _, _, c in outs]).sum(0))
+            torch.stack([c for _, _, c in outs]).sum(0))  # br-ok: int64 token counts, an exact sum
 
 
 def rope_for(cfg: ModelConfig, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:

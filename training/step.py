@@ -194,7 +194,8 @@ def _partials(params32: dict[str, torch.Tensor], tokens: torch.Tensor, lo: int, 
                       ops=ctx.ops)
         flat = [leaf for k in names for leaf in per[k]]
         # the windows' losses are separate: a sum's backward hands each window's loss the gradient 1 exactly
-        grads = list(torch.autograd.grad(out.loss.sum(), flat, allow_unused=True))
+        total = out.loss.sum()  # br-ok: only its backward (a 1 for each window) is used, never its value
+        grads = list(torch.autograd.grad(total, flat, allow_unused=True))
         if ctx.observer is not None:
             ctx.observer("backward_end", micro)  # this microbatch's backward has returned
         for layer, counts in out.load.items():
