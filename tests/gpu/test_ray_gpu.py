@@ -25,7 +25,7 @@ from training.rundir import HASHLOG, read_jsonl  # noqa: E402
 from training.train import TrainOptions, train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_LOG = ROOT / "docs" / "results" / "parity-small-parity-cpu-codec7d4e885.hashlog.jsonl"
+CPU_LOG = ROOT / "docs" / "results" / "parity-small-parity-cpu-code1b2ec819.hashlog.jsonl"
 STEPS = 50
 
 

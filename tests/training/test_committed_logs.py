@@ -14,7 +14,7 @@ from training.presets import SMALL_PARITY
 from training.rundir import HASHLOG
 from training.train import TrainOptions, Trainer
 
-LOG = Path(__file__).resolve().parents[2] / "docs" / "results" / "parity-small-parity-cpu-codec7d4e885.hashlog.jsonl"
+LOG = Path(__file__).resolve().parents[2] / "docs" / "results" / "parity-small-parity-cpu-code1b2ec819.hashlog.jsonl"
 
 
 def test_the_committed_cpu_log_comes_out_byte_identical(demo_corpus, tmp_path, monkeypatch):
