@@ -40,7 +40,8 @@ CODE_GLOBS = ("kernels/ref/*.py", "kernels/digest.py", "stream/*.py", "collectiv
               "collectives/exact_scatter.py", "training/config.py", "training/params.py",
               "training/layers.py", "training/model.py", "training/moe.py", "training/init.py",
               "training/reduction.py", "training/optim.py", "training/step.py", "training/sharding.py",
-              "training/strategies.py", "training/state_hash.py")
+              "training/strategies.py", "training/windows.py", "collectives/average.py",
+              "collectives/reduce_scatter.py", "training/state_hash.py")
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -143,3 +143,30 @@ def test_state_hash_queues_the_digests_before_serializing_the_heads(monkeypatch)
     assert events.index("queue") < heads[0] and heads[-1] < events.index("read") and events.count("read") == 1
     monkeypatch.undo()
     assert got == state_hash(entries) == _independent_hash(_state(), "{}", "c", {})
+
+
+# the step's modules that decide no bit: errors, the overlap's schedule (when a partial is added, not what), the
+# transport under the collectives, and the backend switch (every backend gives kernels/ref's bits)
+PACKAGES = ("training", "collectives", "kernels", "stream")
+NO_BITS = {"training/errors.py", "training/overlap.py", "collectives/group.py", "kernels/__init__.py"}
+
+
+def test_every_module_of_the_step_is_in_the_code_version():
+    """A source that the step imports and the code version leaves out could change a run's bits without changing
+    the code version that its log names."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from training.state_hash import CODE_GLOBS, ROOT
+
+    mods = ("training.step", "training.model", "training.init", "training.optim", "training.strategies",
+            "training.sharding", "training.reduction", "training.windows", "stream")
+    code = (f"import sys, {', '.join(mods)}\n"
+            "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    files = [Path(f).resolve() for f in out.split()]
+    ours = {f.relative_to(ROOT).as_posix() for f in files if any(f.is_relative_to(ROOT / d) for d in PACKAGES)}
+    covered = {p.relative_to(ROOT).as_posix() for g in CODE_GLOBS for p in ROOT.glob(g)}
+    missing = sorted(f for f in ours - covered - NO_BITS if not f.endswith("/__init__.py") or f.startswith("stream"))
+    assert ours and not missing, f"imported by the step, not in CODE_GLOBS: {missing}"
