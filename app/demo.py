@@ -95,7 +95,7 @@ def train_elastic(cluster, cfg: RunConfig, out: Path, steps: int, grow_at: int |
 
 
 def story(cfg: RunConfig, out: str | Path, steps: int = 200, grow_at: int | None = GROW_AT, console=None,
-          progress: bool = True, eval_every: int = 25) -> StoryOutcome:
+          progress: bool = True, eval_every: int = 25, checkpoint_every: int = 25) -> StoryOutcome:
     """Steps 3-5 of the module doc on `cfg` (its corpus must exist); the cluster is stopped on return."""
     from rich.console import Console
 
@@ -108,7 +108,7 @@ def story(cfg: RunConfig, out: str | Path, steps: int = 200, grow_at: int | None
     with LocalCluster(head_cpus=2, slots=1) as cluster:
         console.print(f"[bold]local Ray cluster[/]: head + {len(cluster.slots)} training slot; "
                       f"a second slot joins after step {grow_at}")
-        summary, grew_at = train_elastic(cluster, cfg, out, steps, grow_at, console, eval_every=eval_every)
+        summary, grew_at = train_elastic(cluster, cfg, out, steps, grow_at, console, checkpoint_every, eval_every)
         console.print(f"run {out}: {summary['steps']} steps, {_worker_groups(out)}; {_losses(out)}")
         job = run_batch(out, BatchOptions(progress=progress), console=console)  # every step, on the same cluster
         console.print(f"audit job {job.job_id}: {len(job.rows)} segments; certificates {job.path}")

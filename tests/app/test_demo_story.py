@@ -1,9 +1,9 @@
 """The CI scenario, which is also `make demo`'s story (app/demo.py): the tiny model trained on elastic Ray Train
 workers of a local cluster of simulated nodes, resized from 1 to 2 workers when a second slot joins, then every step
 batch-audited on the same cluster: 100% MATCH, the run VERIFIED. `make demo` runs 200 steps with the slot joining
-after step 100; this runs 100 with it joining after step 25 (checkpoints every 25): the same story, with 75 steps
-for the new node to come up and the resize to land, and half the training and replay. The audit
-replays every step (in its recorded topology, 1x1 or 2x1) from the run's verified checkpoints and compares
+after step 100 (checkpoints every 25); this runs 80 with it joining after step 20 (checkpoints every 20): the same
+story, with 60 steps for the new node to come up and the resize to land, and 40% of the training and replay. The
+audit replays every step (in its recorded topology, 1x1 or 2x1) from the run's verified checkpoints and compares
 state and chain hashes, so the resize is checked where it matters: the steps after it."""
 import json
 import os
@@ -15,7 +15,7 @@ import pytest
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 pytestmark = pytest.mark.slow
-STEPS, GROW_AT = 100, 25
+STEPS, GROW_AT, EVERY = 80, 20, 20
 
 
 def _jsonl(p: Path) -> list[dict]:
@@ -30,7 +30,8 @@ def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny, tmp_path, cap
     from replay.certificates import read_certificates
 
     run = tmp_path / "demo"
-    out = story(tiny, run, STEPS, GROW_AT, console=Console(quiet=True), progress=False, eval_every=0)
+    out = story(tiny, run, STEPS, GROW_AT, console=Console(quiet=True), progress=False, eval_every=0,
+                checkpoint_every=EVERY)
 
     assert out.summary["steps"] == STEPS and out.grew_at is not None and out.grew_at >= GROW_AT
     log = _jsonl(run / "hashlog.jsonl")
@@ -41,15 +42,15 @@ def test_elastic_run_resized_midway_is_verified_by_its_audit(tiny, tmp_path, cap
     assert [w for w, _ in groups] == [1, 2], groups
     resumed = groups[1][1]
     # a checkpoint after the slot joined; which one depends on how long the new node takes to come up (on a
-    # loaded 2-core CI machine that can outlast the 25 steps between checkpoints), so no upper bound but the run's
-    assert resumed % 25 == 0 and GROW_AT <= resumed < STEPS
+    # loaded 2-core CI machine that can outlast the steps between checkpoints), so no upper bound but the run's
+    assert resumed % EVERY == 0 and GROW_AT <= resumed < STEPS
     topo = [r["topology"] for r in log[1:]]
     assert topo == ["1x1"] * resumed + ["2x1"] * (STEPS - resumed)  # every step's topology recorded
     for aside in run.glob("hashlog.before-resume-*.jsonl"):  # steps redone after the resize were re-checked
         chains = {r["step"]: r["chain_hash"] for r in log[1:]}
         before = _jsonl(aside)
         assert all(r["chain_hash"] == chains[r["step"]] for r in before if r["step"] >= 0)
-        assert max(r["step"] for r in before) < resumed + 25  # the group resumed at the latest checkpoint
+        assert max(r["step"] for r in before) < resumed + EVERY  # the group resumed at the latest checkpoint
 
     cov = out.coverage
     assert cov.verdict.startswith("VERIFIED"), cov.verdict
