@@ -1,5 +1,5 @@
 """The trainer end to end on the tiny preset: loss falls, resume continues the chain bit-exactly, and the
-same run under AVX2 or another thread count writes the same hash log."""
+same run resumed under AVX2 or another thread count writes the same hash log."""
 import json
 import os
 import shutil
@@ -99,18 +99,20 @@ def test_resume_recomputes_logged_steps_and_detects_a_fork(tiny, run, tmp_path):
 
 def _variant(tiny, out: Path, threads: str, **env) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "app", "train", "--config", "tiny", "--corpus", tiny.train.corpus, "--steps",
-           str(VARIANT_STEPS), "--out", str(out), "--no-progress", "--checkpoint-every", "0", "--eval-every", "0",
-           "--threads", threads]
+           str(VARIANT_STEPS), "--out", str(out), "--resume", "--no-progress", "--checkpoint-every", "0",
+           "--eval-every", "0", "--threads", threads]
     return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
 
 
-# against the in-process run (this machine's default instruction set and thread count): AVX2 on 1 thread,
-# and the default instruction set on 2 threads
+# against the in-process run (this machine's default instruction set and thread count): AVX2 on 1 thread, and the
+# default instruction set on 2 threads, each resuming the run from its checkpoint at EVERY and going through the
+# ramp (the init's draws under AVX2 and any thread count: tests/kernels/test_golden.py)
 @pytest.mark.parametrize("threads,env", [("1", {"ATEN_CPU_CAPABILITY": "avx2"}), ("2", {})], ids=["avx2-1thread",
                                                                                              "2threads"])
 def test_same_hash_log_under_avx2_and_any_thread_count(tiny, run, tmp_path, threads, env):
     a, _ = run
-    res = _variant(tiny, tmp_path / "v", threads, **env)
+    v = _stopped_at_checkpoint(a, tmp_path / "v")
+    res = _variant(tiny, v, threads, **env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "run hash" in res.stdout
-    assert _lines(tmp_path / "v") == _lines(a)[:VARIANT_STEPS + 1]
+    assert _lines(v) == _lines(a)[:VARIANT_STEPS + 1]
