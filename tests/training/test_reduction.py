@@ -62,6 +62,27 @@ def test_exact_sum_propagates_non_finite_and_out_of_range():
     assert torch.isnan(out[0]) and out[1] == float("inf") and out[2] == float("inf") and out[3] == float("-inf")
 
 
+def test_a_cpu_sum_taken_in_chunks_has_the_bits_of_one_taken_whole(monkeypatch):
+    """A CPU accumulation goes a chunk of elements at a time; where the chunks end changes no bit, with
+    out-of-range and non-finite elements in several chunks."""
+    import training.reduction as reduction
+
+    x = philox.normal(3, 0, (4, 301))
+    parts = [x * 1e6, x.flip(1) * 1e-30, x.roll(7)]
+    parts[0][0, 5], parts[1][2, 200], parts[2][3, 300] = float("inf"), float("nan"), 2.0 ** 25
+    parts[2][1, 0] = float("-inf")
+
+    def total() -> torch.Tensor:
+        s = ExactSum((4, 301), "cpu")
+        for p in parts:
+            s.add(p)
+        return s.result(1 / 3)
+
+    whole = total()
+    monkeypatch.setattr(reduction, "CPU_CHUNK", 7)
+    assert bits_equal(total(), whole) and torch.isnan(whole[2, 200]) and whole[3, 300] == float("inf")
+
+
 def test_every_nan_sum_is_the_one_quiet_nan():
     """inf - inf in float64 is a negative NaN on x86 and a positive one on ARM and CUDA, and a NaN partial keeps
     its own payload: in any order of the adds, every NaN element of a sum has NAN_BITS."""
