@@ -79,9 +79,9 @@ def tiny1(tiny: RunConfig) -> RunConfig:
 
 
 # The heaviest test files, in the order xdist should start them (seconds on a 2-core machine, from a whole suite run
-# with --durations: the demo story ~300 alone and ~500 beside other work, test_train ~300, test_ray_elastic ~240
-# (mostly Ray noticing lost nodes), test_any_world ~150, the committed log ~100, the Ray equivalence tests ~60-80
-# each). xdist hands files out in collection order (--no-loadscope-reorder) and starts each of its two workers with
+# with --durations: the demo story ~125 alone and ~290 beside other work, test_ray_elastic ~145 and ~205 (mostly
+# Ray noticing lost nodes), test_train ~150, test_any_world ~115, the committed log ~90, the Ray equivalence tests
+# ~60-120 each). xdist hands files out in collection order (--no-loadscope-reorder) and starts each of its two workers with
 # two: the first and third go to one, the second and fourth to the other. So the two longest go first and apart, a
 # light file third keeps test_train off the demo story's worker, and what is left goes to whichever worker is free.
 # The rest keep pytest's order.
