@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.digest import bits_equal
-from kernels.ref import contraction, elementary as E, philox, reduce
+from kernels.ref import chunks, contraction, elementary as E, philox, reduce
 from kernels.ref.checks import check_finite
 
 N = 400_000
@@ -139,9 +139,9 @@ def test_philox_draws_depend_only_on_index():
     part = philox.trunc_normal(42, 7, (500,), offset=1201)
     assert bits_equal(full[1201:1701], part)
     # a CPU draw is taken a chunk at a time: across a chunk's edge it equals a draw that holds the edge inside
-    big = philox.trunc_normal(42, 7, (philox.CPU_CHUNK + 3000,))
-    assert bits_equal(big[philox.CPU_CHUNK - 1000: philox.CPU_CHUNK + 1000],
-                      philox.trunc_normal(42, 7, (2000,), offset=philox.CPU_CHUNK - 1000))
+    c = chunks.CPU_CHUNK
+    big = philox.trunc_normal(42, 7, (c + 3000,))
+    assert bits_equal(big[c - 1000: c + 1000], philox.trunc_normal(42, 7, (2000,), offset=c - 1000))
     assert bits_equal(philox.uniform(1, 2, (10, 10)).reshape(-1)[37:50], philox.uniform(1, 2, (13,), offset=37))
     assert not bits_equal(philox.normal(1, 2, (100,)), philox.normal(1, 3, (100,)))
 

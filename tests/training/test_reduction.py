@@ -65,7 +65,7 @@ def test_exact_sum_propagates_non_finite_and_out_of_range():
 def test_a_cpu_sum_taken_in_chunks_has_the_bits_of_one_taken_whole(monkeypatch):
     """A CPU accumulation goes a chunk of elements at a time; where the chunks end changes no bit, with
     out-of-range and non-finite elements in several chunks."""
-    import training.reduction as reduction
+    from kernels.ref import chunks
 
     x = philox.normal(3, 0, (4, 301))
     parts = [x * 1e6, x.flip(1) * 1e-30, x.roll(7)]
@@ -79,7 +79,7 @@ def test_a_cpu_sum_taken_in_chunks_has_the_bits_of_one_taken_whole(monkeypatch):
         return s.result(1 / 3)
 
     whole = total()
-    monkeypatch.setattr(reduction, "CPU_CHUNK", 7)
+    monkeypatch.setattr(chunks, "CPU_CHUNK", 7)
     assert bits_equal(total(), whole) and torch.isnan(whole[2, 200]) and whole[3, 300] == float("inf")
 
 
