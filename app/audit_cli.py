@@ -88,9 +88,11 @@ def _compare(args: argparse.Namespace) -> int:
 
 def add_compare_command(asub: argparse._SubParsersAction) -> None:
     """`audit compare`."""
-    c = asub.add_parser("compare", help="two hash logs of a run: IDENTICAL, SAME TRAJECTORY (only the code version "
-                                        "and the hashes that include it differ) or DIFFERENT (first step, fields)",
-                        description="Exit status: 0 IDENTICAL, 3 SAME TRAJECTORY, 1 DIFFERENT, 2 refused input.")
+    c = asub.add_parser("compare", help="two hash logs of a run: IDENTICAL, SAME BITS (only the topologies differ), "
+                                        "SAME TRAJECTORY (only the code version and the hashes that include it "
+                                        "differ) or DIFFERENT (first step, fields)",
+                        description="Exit status: 0 IDENTICAL or SAME BITS, 3 SAME TRAJECTORY, 1 DIFFERENT, "
+                                    "2 refused input.")
     c.add_argument("a", help="run directory or hash log file")
     c.add_argument("b", help="run directory or hash log file")
     c.set_defaults(func=_compare)

@@ -2,8 +2,11 @@
 
 Verdicts (exit status):
 - IDENTICAL (0): the files are byte-identical (the bitwise contract's own test).
+- SAME BITS (0): every record is equal but for `topology`, the mesh a step's windows were cut over. A window's
+  gradient and its place in the exact sum do not depend on the cut, so the state and chain hashes are equal
+  too: the same run resized, or replayed on another mesh.
 - SAME TRAJECTORY (3): every record holds the same fields and values but for `code_version` and the state and
-  chain hashes, and the code versions differ. The state hash covers the code version, so any edit to a file
+  chain hashes (and `topology`), and the code versions differ. The state hash covers the code version, so any edit to a file
   the code version covers changes every state and chain hash while the training bits stay what they were.
   Each log's chain is checked (chain_t = blake3(chain_{t-1} | state_t)), so its state hashes are the ones
   chained. What the verdict does not cover: the state hash's meta entries beyond the code version (config,
@@ -22,6 +25,7 @@ from training.state_hash import ZERO, chain
 from replay.errors import AuditRefused
 
 CODE_BOUND = ("code_version", "state_hash", "chain_hash")  # the fields a code version change alters
+CUT = ("topology",)  # how a step's windows were cut over ranks: a label, not an input of the step's bits
 STAGES = ("forward", "backward", "reduced", "clipped", "optimizer")
 
 
@@ -34,7 +38,7 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
-        return {"IDENTICAL": 0, "SAME TRAJECTORY": 3}.get(self.verdict, 1)
+        return {"IDENTICAL": 0, "SAME BITS": 0, "SAME TRAJECTORY": 3}.get(self.verdict, 1)
 
 
 def log_path(where: str | Path) -> Path:
@@ -77,6 +81,18 @@ def _first_difference(a: dict, b: dict, skip: tuple[str, ...]) -> str | None:
     return f"step {a['step']}: fields {keys}{where}"
 
 
+def _without_cut(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k not in CUT}
+
+
+def _cuts(records: list[dict]) -> str:
+    """The topologies of a log's steps in order of first use, e.g. '3x1 from step 0, 2x1 from step 100'."""
+    first: dict = {}
+    for r in records[1:]:
+        first.setdefault(r.get("topology"), r["step"])
+    return ", ".join(f"{t} from step {s}" for t, s in first.items())
+
+
 def compare_logs(a_where: str | Path, b_where: str | Path) -> Comparison:
     """The verdict on hash logs A and B (run directories or files); refuses unreadable or unordered logs."""
     pa, pb = log_path(a_where), log_path(b_where)
@@ -93,12 +109,18 @@ def compare_logs(a_where: str | Path, b_where: str | Path) -> Comparison:
             raise AuditRefused(f"{name}: the hash chain breaks at step {step} (chain_hash is not blake3 of the "
                                f"previous chain and this state_hash)")
     for x, y in zip(a[:n], b[:n]):
-        other = _first_difference(x, y, CODE_BOUND)
+        other = _first_difference(x, y, CODE_BOUND + CUT)
         if other is not None:
             return Comparison("DIFFERENT", other, n, lengths)
     if a[:n] == b[:n]:
         return Comparison("IDENTICAL", f"the records are identical{tail}; run hash {a[n - 1]['chain_hash']}", n,
                           lengths)
+    cuts = f"({_cuts(a[:n])} vs {_cuts(b[:n])})"
+    recut = "" if [r.get("topology") for r in a[:n]] == [r.get("topology") for r in b[:n]] else \
+        f"; the steps were cut differently {cuts}"
+    if [_without_cut(r) for r in a[:n]] == [_without_cut(r) for r in b[:n]]:
+        return Comparison("SAME BITS", f"every record equal but its topology {cuts}{tail}: the same state and chain "
+                                       f"hashes; run hash {a[n - 1]['chain_hash']}", n, lengths)
     code_a, code_b = a[0].get("code_version", ""), b[0].get("code_version", "")
     if code_a == code_b:
         step = next(x["step"] for x, y in zip(a[:n], b[:n]) if x != y)
@@ -110,11 +132,11 @@ def compare_logs(a_where: str | Path, b_where: str | Path) -> Comparison:
              "every logged number (no stage digests: the tensors themselves are not compared)")
     return Comparison("SAME TRAJECTORY", f"{cover} equal over {n - 1} steps{tail}; the code versions differ "
                                          f"({code_a[:12]} vs {code_b[:12]}), and with them every state and chain "
-                                         f"hash; both chains check", n, lengths)
+                                         f"hash; both chains check{recut}", n, lengths)
 
 
 def compare_main(a: str, b: str) -> int:
-    """`python -m app audit compare`: prints the verdict; 0 IDENTICAL, 3 SAME TRAJECTORY, 1 DIFFERENT."""
+    """`python -m app audit compare`: prints the verdict; 0 IDENTICAL or SAME BITS, 3 SAME TRAJECTORY, 1 DIFFERENT."""
     c = compare_logs(a, b)
     print(f"{c.verdict}: {c.detail}")
     return c.exit_code

@@ -97,3 +97,22 @@ def test_cli_exit_status(tmp_path, capsys):
     assert main(["audit", "compare", str(a), str(b)]) == 3
     assert capsys.readouterr().out.startswith("SAME TRAJECTORY: ")
     assert main(["audit", "compare", str(a), str(a)]) == 0
+
+
+def _recut(records: list[dict], topology_at) -> list[dict]:
+    """The same records with each step's topology label set by `topology_at(step)` (the hashes untouched:
+    the cut is not an input of the state hash)."""
+    return [r if r["step"] < 0 else {**r, "topology": topology_at(r["step"])} for r in records]
+
+
+def test_a_resized_run_is_the_same_bits(tmp_path):
+    a = _write(tmp_path, "a", _recut(_records(6), lambda s: "1x1"))
+    b = _write(tmp_path, "b", _recut(_records(6), lambda s: "3x1" if s < 3 else "2x1"))
+    c = compare_logs(a, b)
+    assert (c.verdict, c.exit_code) == ("SAME BITS", 0), c.detail
+    assert "(1x1 from step 0 vs 3x1 from step 0, 2x1 from step 3)" in c.detail, c.detail
+    # a number that differs as well is still named, and so is a code version change beside the cut
+    d = _write(tmp_path, "d", _recut(_records(6, loss_at={4: 1.0}), lambda s: "2x1"))
+    assert compare_logs(a, d).detail.startswith("step 4: fields ['loss']")
+    e = compare_logs(a, _write(tmp_path, "e", _recut(_records(6, code="c1"), lambda s: "2x2")))
+    assert e.verdict == "SAME TRAJECTORY" and e.detail.endswith("cut differently (1x1 from step 0 vs 2x2 from step 0)")
