@@ -74,6 +74,12 @@ class RunLog:
         self.records = records
         self.n_steps = len(records) - 1
         self.run_hash = records[-1]["chain_hash"]  # the chain hash after the last logged step: the run's identity
+        self._step_of_chain = {r.get("chain_hash"): r["step"] for r in records}
+
+    def extends(self, run_hash: str, end: int) -> bool:
+        """Whether the log a certificate of steps ..end-1 was written against (its run hash, the chain hash after
+        its last step) is this log or a prefix of it reaching step end-1: a run audited while it trained."""
+        return self._step_of_chain.get(run_hash, -2) >= end - 1
 
     def chain(self, step: int) -> str:
         """The logged chain hash after `step` (step -1: the init record)."""
@@ -145,7 +151,7 @@ def load_valid(log: RunLog, files: list[Path] | None = None) -> tuple[list[dict]
     for path in files:
         other_run = stale = 0
         for r in read_certificates(path):
-            if r["run_hash"] != log.run_hash:
+            if not log.extends(r["run_hash"], r["end_step"]):
                 other_run += 1
             elif r["end_step"] > log.n_steps or r["log_digest"] != log.segment_digest(r["first_step"], r["end_step"]):
                 stale += 1

@@ -281,3 +281,20 @@ def test_a_hand_picked_or_refused_sample_proves_less(tmp_path):
     [line] = cov.sample_statements()
     assert "sampled 3 of 6 segments" in line and "2 certified (1 refused or stale: not counted)" in line
     assert "misses it with probability 66.7%" in line  # 4 of 6 segments not certified
+
+
+def test_certificates_of_a_run_audited_while_it_trained_stay_valid(tmp_path):
+    """A certificate written against the log's first 8 steps vouches for them once the run has gone on: its run
+    hash is the chain hash after step 7 of the longer log. One whose segment ends after the step its run hash
+    names, or whose run hash the log does not hold, does not."""
+    run = _fake_run(tmp_path, "a")
+    full = RunLog(run)
+    (tmp_path / "then").mkdir()
+    prefix = RunLog(_fake_run(tmp_path / "then", "a", n=8))  # the log as it stood after step 7
+    assert prefix.run_hash == full.chain(7)
+    write_certificates(run, "early", [_cert(prefix, 0, 8)])
+    write_certificates(run, "late", [_cert(full, 8, N)])
+    cov = coverage_of(run)
+    assert cov.verdict.startswith("VERIFIED") and not cov.warnings, (cov.verdict, cov.warnings)
+    assert full.extends(full.chain(3), 4) and not full.extends(full.chain(3), 5)
+    assert not full.extends(RunLog(_fake_run(tmp_path, "b")).run_hash, 1)
