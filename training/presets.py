@@ -16,13 +16,15 @@ TINY = RunConfig(
     TrainConfig(batch_phases=((8_192, 2), (1 << 50, 4)), micro_batch=2, lr_peak=1e-3, lr_warmup_tokens=2_560,
                 lr_budget_tokens=45_000, heldout_window=6000, heldout_windows=32, heldout_stride=25))
 
-# small: 14 layers, d 768, GQA 6/2 x 128, FFN 2112 (2.75 d), vocab 4096: 96.5M parameters.
+# small: 14 layers, d 768, GQA 6/2 x 128, FFN 2112 (2.75 d), vocab 4096: 96.5M parameters. Held-out: 16 windows
+# from window 320,000, past the LR budget's 20,000 steps of 16 windows, so that a run can train its whole
+# schedule; the stream's epochs repeat a small corpus such as data/demo (~3,500 windows of 256 tokens).
 SMALL = RunConfig(
     "small",
     ModelConfig(vocab_size=4096, d_model=768, n_layers=14, n_heads=6, n_kv_heads=2, head_dim=128, ffn_hidden=2112,
                 seq_len=256, window=128),
     TrainConfig(batch_phases=((1 << 50, 16),), micro_batch=4, lr_peak=1e-3, lr_warmup_tokens=200 * 16 * 256,
-                lr_budget_tokens=20_000 * 16 * 256, heldout_window=3000, heldout_windows=16))
+                lr_budget_tokens=20_000 * 16 * 256, heldout_window=20_000 * 16, heldout_windows=16))
 
 # small's shape at 2 windows of 64 tokens per step: what the GPU parity check replays on a CPU. Two windows give
 # pre-clip norms of 5-12, over the 5.0 spike threshold that a real batch is calibrated for: at 5.0 the spike

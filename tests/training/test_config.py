@@ -1,6 +1,8 @@
 """Configs: validation names the field, presets are valid, OPEN-1B counts 1.61B / 1.08B parameters."""
 import pytest
 
+import stream
+
 from training.config import ModelConfig, MoEConfig, RunConfig, Topology, TrainConfig, from_dict
 from training.errors import ConfigError
 from training.params import count_params, param_specs
@@ -58,6 +60,14 @@ def test_moe_and_topology_validation():
     with pytest.raises(ConfigError, match="topology"):
         Topology.parse("2by2")
     assert Topology.parse("2x4").world == 8
+
+
+def test_small_can_train_its_whole_schedule():
+    """No step of small's LR budget (20,000 steps) reads the held-out slice, so 1,000-step runs are allowed."""
+    t = SMALL.train
+    batch = stream.BatchSchedule(SMALL.model.seq_len, tuple(stream.BatchPhase(u, w) for u, w in t.batch_phases))
+    last = t.lr_budget_tokens // (SMALL.model.seq_len * t.batch_phases[-1][1]) - 1
+    assert last == 19_999 and batch.window_range(last)[1] <= t.heldout_window
 
 
 def test_presets_round_trip_through_json():
