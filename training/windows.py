@@ -66,9 +66,8 @@ def per_window(fn, x: torch.Tensor, *params: Param) -> torch.Tensor:
 
 class _WindowedInt8Linear(torch.autograd.Function):
     """y = int8_linear(x, w, s_x) for x [windows, T, K], one (w, s_x) leaf pair per window, all equal: the forward
-    runs once over the batch; the backward runs per window, so window i's dw and ds_x are its tokens' alone (its
-    own per-row steps and Hadamard blocks along T) and go to its leaves. dx rows depend on their own row only,
-    so per window they are the batch's."""
+    runs once over the batch, and so does dx (a row's dx depends on its own row only); window i's dw and ds_x are
+    its tokens' alone (its own per-row steps and Hadamard blocks along T) and go to its leaves."""
 
     @staticmethod
     def forward(ctx, mod, rotate, block, x, *params):
@@ -82,16 +81,11 @@ class _WindowedInt8Linear(torch.autograd.Function):
     def backward(ctx, g):
         x, w, s_x = ctx.saved_tensors
         n, needs = ctx.n, ctx.needs_input_grad
-        s_w = ctx.mod.weight_step(w)  # once for every window: a function of w alone
-        dxs, dws, dss = [], [], []
-        for i in range(n):
-            dx, dw, ds = ctx.mod.int8_linear_backward(g[i].contiguous(), x[i], w, s_x, rotate=ctx.rotate,
-                                                      block=ctx.block, needs=(needs[3], needs[4 + i], needs[4 + n + i]),
-                                                      s_w=s_w)
-            dxs.append(dx)
-            dws.append(dw if dw is None else dw.to(w.dtype))
-            dss.append(ds)
-        dx = torch.stack(dxs) if needs[3] else None
+        dx, dws, dss = ctx.mod.int8_linear_backward_windows(
+            g.contiguous(), x, w, s_x, rotate=ctx.rotate, block=ctx.block,
+            needs=(needs[3], any(needs[4:4 + n]), any(needs[4 + n:4 + 2 * n])))
+        dws = [dw.to(w.dtype) if dw is not None and needs[4 + i] else None for i, dw in enumerate(dws)]
+        dss = [ds if needs[4 + n + i] else None for i, ds in enumerate(dss)]
         return (None, None, None, dx, *dws, *dss)
 
 

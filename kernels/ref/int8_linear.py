@@ -124,6 +124,41 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
     return dx, dw, ds
 
 
+def int8_linear_backward_windows(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *,
+                                 rotate: bool = True, block: int = DEFAULT_BLOCK,
+                                 needs: tuple[bool, bool, bool] = (True, True, True),
+                                 s_w: torch.Tensor | None = None,
+                                 ) -> tuple[torch.Tensor | None, list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """int8_linear_backward of each window of a batch g [W, ..., N], x [W, ..., K]: (dx like x, [dw of window i],
+    [ds_x of window i]), the bits of W calls on the windows one by one.
+
+    A row's dx_hat contracts that row of G with w_hat (steps per row of G, Hadamard blocks along N), so dx and
+    dx_hat run over the batch at once; dw (steps and blocks along the tokens) and ds_x (an exact sum over the
+    window's elements, scaled by its numel) are the window's own."""
+    need_x, need_w, need_s = needs
+    windows = x.shape[0]
+    g2, x2 = _flat(g), _flat(x)
+    rows = x2.shape[0] // windows
+    part = [slice(i * rows, (i + 1) * rows) for i in range(windows)]
+    s_w = weight_step(w) if s_w is None else s_w
+    q_w, v_w = quantize_weight(w, s_w)
+    q_x, v_x = quantize_activation(x2, s_x)  # elementwise: the same codes window by window
+    dx, dws, dss = None, [None] * windows, [None] * windows
+    if need_x or need_s:
+        dx_hat = rotated_int8_mm(g2, q_w.to(F32) * s_w[:, None], rotate=rotate, block=block)
+        if need_x:
+            dx = torch.where(v_x.abs() <= QMAX, dx_hat, torch.zeros_like(dx_hat)).reshape(x.shape)
+        if need_s:
+            f, scale = lsq_step_factor(v_x, q_x), lsq_grad_scale(x[0].numel(), x.device)
+            dss = [dot(dx_hat[p].reshape(-1), f[p].reshape(-1)) * scale for p in part]
+    if need_w:
+        x_hat = q_x.to(F32) * s_x
+        for i, p in enumerate(part):
+            dw_hat = rotated_int8_mm(g2[p].t(), x_hat[p], rotate=rotate, block=block)
+            dws[i] = torch.where(v_w.abs() <= QMAX, dw_hat, torch.zeros_like(dw_hat))
+    return dx, dws, dss
+
+
 class _Int8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, s_x, rotate, block):
@@ -170,5 +205,5 @@ def int8_linear(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *, rotate: 
     return _Int8Linear.apply(x, w, s_x, rotate, block)
 
 
-__all__ = ["int8_linear", "int8_linear_forward", "int8_linear_backward", "validate", "weight_step", "repin_constant",
-           "quantize_weight", "quantize_activation", "lsq_step_factor", "lsq_grad_scale"]
+__all__ = ["int8_linear", "int8_linear_forward", "int8_linear_backward", "int8_linear_backward_windows", "validate",
+           "weight_step", "repin_constant", "quantize_weight", "quantize_activation", "lsq_step_factor", "lsq_grad_scale"]

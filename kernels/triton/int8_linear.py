@@ -261,6 +261,39 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
     return dx, dw, ds
 
 
+def int8_linear_backward_windows(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *,
+                                 rotate: bool = True, block: int = DEFAULT_BLOCK,
+                                 needs: tuple[bool, bool, bool] = (True, True, True),
+                                 s_w: torch.Tensor | None = None,
+                                 ) -> tuple[torch.Tensor | None, list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """(dx like x, [dw of window i], [ds_x of window i]) for a batch of windows: the bits of
+    ref.int8_linear_backward_windows. dx_hat is one GEMM over every window's rows; dw and ds_x per window."""
+    windows = x.shape[0]
+    n_out, k = w.shape if w.dim() == 2 else (0, 0)
+    m = x.numel() // k if k else 0
+    rows = m // windows if windows else 0
+    if not (_usable(x, w, s_x) and on_triton(g) and g.dtype == F32 and g.shape[-1] == n_out
+            and supported(n_out, rotate, block) and supported(rows, rotate, block)):
+        return ref.int8_linear_backward_windows(g, x, w, s_x, rotate=rotate, block=block, needs=needs, s_w=s_w)
+    need_x, need_w, need_s = needs
+    g2, x2, w = _flat(g), _flat(x), w.contiguous()
+    part = [slice(i * rows, (i + 1) * rows) for i in range(windows)]
+    if s_w is None:
+        s_w = _weight(w, s_x, quant=False)[0]
+    dx, dws, dss = None, [None] * windows, [None] * windows
+    if need_x or need_s:
+        dx_hat = rotated_product(g2, (n_out, 1), w, (1, k), m, k, n_out, rotate=rotate, block=block, b_pre=s_w)
+        if need_x:
+            dx = _lsq(dx_hat, x2, s_x, True, False)[0].reshape(x.shape)
+        if need_s:
+            scale = constant(ref.lsq_grad_scale, rows * k, x.device)
+            dss = [_lsq(dx_hat[p], x2[p], s_x, False, True)[1] * scale for p in part]
+    if need_w:
+        dws = [rotated_product(g2[p], (1, n_out), x2[p], (1, k), n_out, k, rows, rotate=rotate, block=block,
+                               b_pre=s_x, mask_src=w, mask_scale=s_w) for p in part]
+    return dx, dws, dss
+
+
 class _Int8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, s_x, rotate, block):

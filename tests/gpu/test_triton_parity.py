@@ -628,6 +628,21 @@ def test_int8_linear_backward_alone(rotate):
     assert [mismatches(a, b) for a, b in zip(got, want)] == [0, 0, 0]
 
 
+@pytest.mark.parametrize("rotate", [True, False])
+def test_int8_linear_backward_windows(rotate):
+    """The batched backward of 3 windows of 64 tokens (training/windows.py), a NaN in x and clipped activations:
+    dx over the batch, dw and ds_x per window, the reference's bits."""
+    x, w, g = normal((3, 64, 300), "lin-win"), normal((45, 300), "lin-win", "w", std=0.02), \
+        normal((3, 64, 45), "lin-win", "g")
+    x[1, 2, 5] = float("nan")
+    x.view(-1)[:: 13] *= 8.0
+    s_x = torch.tensor(0.03)
+    dx, dws, dss = r_lin.int8_linear_backward_windows(g, x, w, s_x, rotate=rotate)
+    tx, tws, tss = t_lin.int8_linear_backward_windows(g.to(CUDA), x.to(CUDA), w.to(CUDA), s_x.to(CUDA),
+                                                      rotate=rotate)
+    assert [mismatches(a, b) for a, b in zip([tx, *tws, *tss], [dx, *dws, *dss])] == [0] * 7
+
+
 # --- embedding: gather forward, exact int64 scatter-add backward ---
 
 @pytest.mark.parametrize("shape,v,d,dtype,ids_dtype", [((3, 7), 11, 33, torch.float32, torch.int64),

@@ -10,8 +10,9 @@ import torch
 
 from kernels.digest import bits_equal
 from kernels.ref import philox
-from kernels.ref.int8_linear import (int8_linear, int8_linear_backward, lsq_grad_scale, lsq_step_factor,
-                                     quantize_activation, quantize_weight, repin_constant, weight_step)
+from kernels.ref.int8_linear import (int8_linear, int8_linear_backward, int8_linear_backward_windows, lsq_grad_scale,
+                                     lsq_step_factor, quantize_activation, quantize_weight, repin_constant,
+                                     weight_step)
 from kernels.ref.rotated_mm import rotated_int8_mm
 
 Q = 127
@@ -233,3 +234,23 @@ def test_thread_count_does_not_change_bits():
     finally:
         torch.set_num_threads(before)
     assert all(bits_equal(p, q) for p, q in zip(one, two))
+
+
+@pytest.mark.parametrize("needs", [(True, True, True), (True, False, False), (False, True, True)])
+def test_windows_backward_is_each_windows_own(needs):
+    """The batched backward of 3 windows gives, for each window, the bits of the backward of that window alone:
+    dx from one GEMM over the batch (with a NaN row and clipped activations), dw and ds_x from its rows only."""
+    x, w, s_x, g = inputs(7, m=3 * 40)
+    x, g = x.reshape(3, 40, K), g.reshape(3, 40, N)
+    x[1, 5, 3] = float("nan")
+    dx, dws, dss = int8_linear_backward_windows(g, x, w, s_x, needs=needs)
+    alone = [int8_linear_backward(g[i], x[i], w, s_x, needs=needs) for i in range(3)]
+    assert (dx is None) == (not needs[0]) and (dws[0] is None) == (not needs[1]) and (dss[0] is None) == (not needs[2])
+    if needs[0]:
+        assert bits_equal(dx, torch.stack([a[0] for a in alone]))
+    for i in range(3):
+        for got, want in ((dws[i], alone[i][1]), (dss[i], alone[i][2])):
+            assert (got is None and want is None) or bits_equal(got, want)
+    if needs[1]:  # the check can fail: the batch's dw (steps over all 120 tokens) is not a window's
+        whole = int8_linear_backward(g.reshape(120, N), x.reshape(120, K), w, s_x, needs=(False, True, False))[1]
+        assert not bits_equal(whole, sum(dws[1:], dws[0]))
