@@ -65,11 +65,16 @@ def _fused_kernels(ops):
     return exactsum
 
 
+FUSED = 4  # partials kept pending, then added in one pass (kernels/triton/exactsum.py MAX_FUSED)
+
+
 class ExactSum:
     """Order-free exact sum of float32 tensors of one shape (see module doc): add in any order, same bits.
 
-    The first partial is kept as it is until a second arrives: a sum of one partial is the grid-rounded
-    partial itself (the limbs would reconstruct exactly that integer), so accum = world = 1 costs no limbs.
+    Partials wait in `pending` until FUSED of them have come (or the sum is read): the fused kernels add them in
+    one pass over the limbs, not one pass each (integer adds: the same bits). A sum of one partial is the
+    grid-rounded partial itself (the limbs would reconstruct exactly that integer), so accum = world = 1 costs
+    no limbs.
     """
 
     def __init__(self, shape: tuple[int, ...], device, ops=None) -> None:
@@ -77,7 +82,7 @@ class ExactSum:
         self._fused = _fused_kernels(ops)
         self.limbs: torch.Tensor | None = None  # allocated when a second partial arrives
         self._bad: torch.Tensor | None = None  # allocated when first needed (None: all +0.0)
-        self.pending: torch.Tensor | None = None
+        self.pending: list[torch.Tensor] = []  # partials not yet in the limbs (kept by reference)
         self.count = 0
 
     @property
@@ -125,13 +130,7 @@ class ExactSum:
         return torch.round(x * self._up), None  # exact scaling; r has <= 25 significant bits, |r| < 2^120
 
     def _accumulate(self, g: torch.Tensor) -> None:
-        k = self._kernels(g)
-        if k is not None:  # fused: _grid and the digits below in one pass (bad updated in place)
-            fresh = self.limbs is None
-            if fresh:
-                self.limbs = torch.empty((3, *self.shape), dtype=torch.int64, device=self.device)
-            k.accumulate(g, self.limbs, self.bad, fresh)
-            return
+        """Add one partial to the limbs, eagerly (the fused path takes several at once: `_flush`)."""
         if self.limbs is None:
             self.limbs = torch.zeros((3, *self.shape), dtype=torch.int64, device=self.device)
         if not self.limbs.is_contiguous():
@@ -161,20 +160,29 @@ class ExactSum:
         limbs[2] += d2.to(torch.int64)
 
     def _flush(self) -> None:
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            self._accumulate(pending)
+        """Every pending partial into the limbs."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        k = self._kernels(*pending)
+        if k is None:
+            for g in pending:
+                self._accumulate(g)
+            return
+        fresh = self.limbs is None
+        if fresh:
+            self.limbs = torch.empty((3, *self.shape), dtype=torch.int64, device=self.device)
+        for i in range(0, len(pending), k.MAX_FUSED):  # _grid and the digits in one pass (bad updated in place)
+            k.accumulate(pending[i:i + k.MAX_FUSED], self.limbs, self.bad, fresh and i == 0)
 
     def add(self, g: torch.Tensor) -> None:
-        """Add a partial (kept by reference until the next one: do not modify it)."""
+        """Add a partial (kept by reference until it is accumulated: do not modify it)."""
         if self.count >= MAX_PARTIALS:
             raise ConfigError(f"reduction: more than {MAX_PARTIALS} partials for one exact sum")
-        if self.count == 0:
-            self.pending = g
-        else:
-            self._flush()
-            self._accumulate(g)
+        self.pending.append(g)
         self.count += 1
+        if len(self.pending) == FUSED:
+            self._flush()
 
     def merge(self, other: "ExactSum") -> None:
         """Add another accumulator's integers (what an int64 all-reduce of the limbs does)."""
@@ -215,13 +223,16 @@ class ExactSum:
 
     def result(self, scale: float = 1.0) -> torch.Tensor:
         """The sum times the host double `scale` (e.g. 1/n), rounded once to float32."""
-        src = self.pending if self.pending is not None else self.limbs
+        if len(self.pending) > 1 or (self.pending and self.limbs is not None):
+            self._flush()
+        single = self.pending[0] if self.pending else None  # the one partial of the sum
+        src = single if single is not None else self.limbs
         k = self._kernels(src) if src is not None else None
         if k is not None:
-            return k.result(src, self._bad, scale, self.pending is not None, self.shape)
-        if self.pending is not None:
+            return k.result(src, self._bad, scale, single is not None, self.shape)
+        if single is not None:
             # one partial: the integer the limbs would reconstruct exactly (+ 0.0: an integer zero has no sign)
-            v = self._grid(self.pending) + 0.0
+            v = self._grid(single) + 0.0
         elif self.limbs is None:
             v = torch.zeros(self.shape, dtype=F64, device=self.device)
         else:  # the unique carry-normalized digits through the format's fixed float64 chain (collectives/limbs.py)

@@ -1,7 +1,8 @@
 """Fused Triton kernels of training/reduction.py's ExactSum (the "exact" gradient reduction): the same bits.
 
-`accumulate` is ExactSum._grid + _accumulate in one pass: limbs[0..2] += the three sign-keeping 40-bit
-digits of round(g * 2^96) for in-range elements, and bad += x * inf for the others. `result` is
+`accumulate` is ExactSum._grid + _accumulate in one pass for up to 4 partials: limbs[0..2] += the three
+sign-keeping 40-bit digits of round(g * 2^96) of each partial's in-range elements, and bad += x * inf for
+the others. `result` is
 ExactSum.result: the grid-rounded single pending partial, or the carry-normalized limbs, through the same
 fixed chain of float64 operations, times the host double `scale`, rounded once to float32.
 
@@ -38,12 +39,9 @@ def _in_range(x):
     return isfinite(x) & (tl.abs(x) < LIMIT)
 
 
-@triton.jit(do_not_specialize=["n"])
-def _accumulate_kernel(g_ptr, limbs_ptr, bad_ptr, n, FRESH: tl.constexpr, BLOCK: tl.constexpr):
-    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    on = idx < n
-    i1 = idx + n  # limbs[1] and limbs[2] (int64: 2 * n may pass 2^31)
-    i2 = i1 + n
+@triton.jit
+def _digits(g_ptr, bad_ptr, idx, on):
+    """One partial's three 40-bit digits of its grid integers; its out-of-range elements' stand-ins go to bad."""
     x = tl.load(g_ptr + idx, mask=on, other=0.0).to(tl.float64)
     ok = _in_range(x)
     out = on & ~ok  # bad is read and written only where an element is out of range (in place)
@@ -55,6 +53,27 @@ def _accumulate_kernel(g_ptr, limbs_ptr, bad_ptr, n, FRESH: tl.constexpr, BLOCK:
     r = r - d2.to(tl.float64) * M80
     d1 = (r * D40).to(tl.int64)
     d0 = (r - d1.to(tl.float64) * M40).to(tl.int64)
+    return d0, d1, d2
+
+
+@triton.jit(do_not_specialize=["n"])
+def _accumulate_kernel(g0_ptr, g1_ptr, g2_ptr, g3_ptr, limbs_ptr, bad_ptr, n, PARTIALS: tl.constexpr,
+                       FRESH: tl.constexpr, BLOCK: tl.constexpr):
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    on = idx < n
+    i1 = idx + n  # limbs[1] and limbs[2] (int64: 2 * n may pass 2^31)
+    i2 = i1 + n
+    d0, d1, d2 = _digits(g0_ptr, bad_ptr, idx, on)
+    # up to 4 partials' digits summed in registers, then one pass over the limbs: integer adds, any order
+    if PARTIALS > 1:
+        e0, e1, e2 = _digits(g1_ptr, bad_ptr, idx, on)
+        d0, d1, d2 = d0 + e0, d1 + e1, d2 + e2
+    if PARTIALS > 2:
+        e0, e1, e2 = _digits(g2_ptr, bad_ptr, idx, on)
+        d0, d1, d2 = d0 + e0, d1 + e1, d2 + e2
+    if PARTIALS > 3:
+        e0, e1, e2 = _digits(g3_ptr, bad_ptr, idx, on)
+        d0, d1, d2 = d0 + e0, d1 + e1, d2 + e2
     if not FRESH:  # FRESH: the limbs are new (torch.empty); 0 + d is d
         d0 += tl.load(limbs_ptr + idx, mask=on, other=0)
         d1 += tl.load(limbs_ptr + i1, mask=on, other=0)
@@ -95,17 +114,26 @@ def _result_kernel(src_ptr, bad_ptr, out_ptr, n, scale_bits, PENDING: tl.constex
     tl.store(out_ptr + idx, tl.where(r != r, nan, r), mask=on)  # limbs.to_float32's one NaN
 
 
-def accumulate(g: torch.Tensor, limbs: torch.Tensor, bad: torch.Tensor, fresh: bool = False) -> None:
-    """ExactSum._accumulate(g) in place on contiguous int64 `limbs` [3, *shape] and float64 `bad` [*shape].
+MAX_FUSED = 4  # partials one accumulate pass takes
+
+
+def accumulate(gs: torch.Tensor | list[torch.Tensor], limbs: torch.Tensor, bad: torch.Tensor,
+               fresh: bool = False) -> None:
+    """ExactSum._accumulate of each partial in `gs` (one tensor, or a list of 1..MAX_FUSED), in place on
+    contiguous int64 `limbs` [3, *shape] and float64 `bad` [*shape], in one pass over the limbs.
 
     `fresh`: the limbs hold garbage (torch.empty) and are written, not added to.
     """
+    gs = [gs] if isinstance(gs, torch.Tensor) else list(gs)
     n = bad.numel()
-    if g.numel() != n or limbs.numel() != 3 * n:
-        raise ValueError(f"exactsum.accumulate: g {tuple(g.shape)}, limbs {tuple(limbs.shape)} and bad "
-                         f"{tuple(bad.shape)} do not match")
+    if not 1 <= len(gs) <= MAX_FUSED or any(g.numel() != n for g in gs) or limbs.numel() != 3 * n:
+        raise ValueError(f"exactsum.accumulate: partials {[tuple(g.shape) for g in gs]}, limbs {tuple(limbs.shape)} "
+                         f"and bad {tuple(bad.shape)} do not match (1..{MAX_FUSED} partials of bad's size)")
     if n:
-        _accumulate_kernel[(cdiv(n, BLOCK),)](g.contiguous(), limbs, bad, n, FRESH=fresh, BLOCK=BLOCK, **BR_OPTIONS)
+        ptrs = [g.contiguous() for g in gs]
+        ptrs += ptrs[:1] * (MAX_FUSED - len(ptrs))  # unused pointer arguments (PARTIALS says how many are read)
+        _accumulate_kernel[(cdiv(n, BLOCK),)](*ptrs, limbs, bad, n, PARTIALS=len(gs), FRESH=fresh, BLOCK=BLOCK,
+                                              **BR_OPTIONS)
 
 
 def result(src: torch.Tensor, bad: torch.Tensor | None, scale: float, pending: bool,

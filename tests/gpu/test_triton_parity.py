@@ -247,7 +247,7 @@ XSUM_SHAPES = [(1, 1), (7, 33), (1000,), (3, 4097), (0, 4)]
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.0 / 3, 1.0 / 12], ids=str)
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, 3, 4, 5, 9])  # 4 and more: the fused pass over several pending partials
 @pytest.mark.parametrize("shape", XSUM_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_exact_sum_fused(shape, k, scale):
     check_exact_sum(shape, k, scale)

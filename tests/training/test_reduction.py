@@ -34,6 +34,20 @@ def test_exact_sum_is_the_correctly_rounded_sum_in_every_order():
         assert float(outs[0][j]) == float(torch.tensor(float(ref[j]), dtype=torch.float32))
 
 
+@pytest.mark.parametrize("k", [1, 2, 4, 5, 8, 9])
+def test_every_count_of_partials_around_the_pending_batch(k):
+    """Partials wait in batches before they enter the limbs: a sum read with 1 partial, a full batch, a batch and
+    one more (the limbs and a lone pending partial), two batches, ... is the correctly rounded sum each time."""
+    parts = [_draw(i, 9) for i in range(k)]
+    s = ExactSum((9,), "cpu")
+    for p in parts:
+        s.add(p)
+    got = s.result()
+    for j in range(9):
+        assert float(got[j]) == float(torch.tensor(float(sum(Fraction(float(p[j])) for p in parts)),
+                                                   dtype=torch.float32)), (k, j)
+
+
 def test_exact_sum_merge_equals_one_accumulator_and_cancels_exactly():
     a, b, c = _draw(1), _draw(2), _draw(3)
     one = ExactSum(a.shape, "cpu")
