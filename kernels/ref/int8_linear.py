@@ -102,26 +102,9 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
     Everything is recomputed from (x, w, s_x) with the forward's functions, so it has the forward's bits.
     s_w: w's step (weight_step(w)) when the caller has it, else it is taken here.
     """
-    need_x, need_w, need_s = needs
-    g2, x2 = _flat(g), _flat(x)
-    s_w = weight_step(w) if s_w is None else s_w
-    q_w, v_w = quantize_weight(w, s_w)
-    q_x, v_x = quantize_activation(x2, s_x)
-    dx = dw = ds = None
-    if need_x or need_s:
-        w_hat = q_w.to(F32) * s_w[:, None]
-        dx_hat = rotated_int8_mm(g2, w_hat, rotate=rotate, block=block)         # [M, K], contract over N
-        if need_x:
-            dx = torch.where(v_x.abs() <= QMAX, dx_hat, torch.zeros_like(dx_hat)).reshape(x.shape)
-        if need_s:
-            # exact dot (float64 products, int64 sum), one rounding, then the LSQ scale
-            total = dot(dx_hat.reshape(-1), lsq_step_factor(v_x, q_x).reshape(-1))
-            ds = total * lsq_grad_scale(x.numel(), x.device)
-    if need_w:
-        x_hat = q_x.to(F32) * s_x
-        dw_hat = rotated_int8_mm(g2.t(), x_hat, rotate=rotate, block=block)     # [N, K], contract over M
-        dw = torch.where(v_w.abs() <= QMAX, dw_hat, torch.zeros_like(dw_hat))
-    return dx, dw, ds
+    dx, dw, ds = int8_linear_backward_windows(g[None], x[None], w, s_x, rotate=rotate, block=block, needs=needs,
+                                              s_w=s_w)  # one window: all of x's rows
+    return None if dx is None else dx[0], dw[0], ds[0]
 
 
 def int8_linear_backward_windows(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *,
@@ -145,16 +128,17 @@ def int8_linear_backward_windows(g: torch.Tensor, x: torch.Tensor, w: torch.Tens
     q_x, v_x = quantize_activation(x2, s_x)  # elementwise: the same codes window by window
     dx, dws, dss = None, [None] * windows, [None] * windows
     if need_x or need_s:
-        dx_hat = rotated_int8_mm(g2, q_w.to(F32) * s_w[:, None], rotate=rotate, block=block)
+        dx_hat = rotated_int8_mm(g2, q_w.to(F32) * s_w[:, None], rotate=rotate, block=block)  # contract over N
         if need_x:
             dx = torch.where(v_x.abs() <= QMAX, dx_hat, torch.zeros_like(dx_hat)).reshape(x.shape)
         if need_s:
+            # exact dot (float64 products, int64 sum), one rounding, then the LSQ scale
             f, scale = lsq_step_factor(v_x, q_x), lsq_grad_scale(x[0].numel(), x.device)
             dss = [dot(dx_hat[p].reshape(-1), f[p].reshape(-1)) * scale for p in part]
     if need_w:
         x_hat = q_x.to(F32) * s_x
         for i, p in enumerate(part):
-            dw_hat = rotated_int8_mm(g2[p].t(), x_hat[p], rotate=rotate, block=block)
+            dw_hat = rotated_int8_mm(g2[p].t(), x_hat[p], rotate=rotate, block=block)  # contract over the tokens
             dws[i] = torch.where(v_w.abs() <= QMAX, dw_hat, torch.zeros_like(dw_hat))
     return dx, dws, dss
 

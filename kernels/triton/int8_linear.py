@@ -206,12 +206,14 @@ def int8_linear_forward(x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor) -> 
     return _forward(x, w, s_x)[0]
 
 
-def _lsq(dx_hat: torch.Tensor, x2: torch.Tensor, s_x: torch.Tensor, need_x: bool, need_s: bool):
-    """(dx = dx_hat gated by |x / s_x| <= 127, exact float32 sum of dx_hat * lsq_step_factor) as needed."""
+def _lsq(dx_hat: torch.Tensor, x2: torch.Tensor, s_x: torch.Tensor, need_x: bool, need_s: bool,
+         dx: torch.Tensor | None = None):
+    """(dx = dx_hat gated by |x / s_x| <= 127, exact float32 sum of dx_hat * lsq_step_factor) as needed; `dx`:
+    a contiguous tensor like x2 to write the gated dx into (else a new one)."""
     n = x2.numel()
     dev = x2.device
     s, span = split_spans(n, LSQ_BLOCK, TARGET_PROGRAMS)
-    dx = torch.empty_like(x2) if need_x else None
+    dx = (torch.empty_like(x2) if dx is None else dx) if need_x else None
     amax = torch.empty(s, dtype=torch.float64, device=dev)
     flags = torch.empty(s, dtype=torch.int32, device=dev)
     _lsq_stats_kernel[(s,)](dx_hat, x2, s_x, dx if need_x else x2, amax, flags, n, span, NEED_X=need_x,
@@ -235,30 +237,9 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
                          ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(dx like x, dw float32 [N, K], ds_x 0-dim float32): the bits of ref.int8_linear_backward.
     s_w: w's step (weight_step(w)) when the caller has it from the forward, else it is taken here."""
-    n_out, k = w.shape if w.dim() == 2 else (0, 0)
-    m = x.numel() // k if k else 0
-    if not (_usable(x, w, s_x) and on_triton(g) and g.dtype == F32 and g.shape[-1] == n_out
-            and supported(n_out, rotate, block) and supported(m, rotate, block)):
-        return ref.int8_linear_backward(g, x, w, s_x, rotate=rotate, block=block, needs=needs)
-    need_x, need_s, need_w = needs[0], needs[2], needs[1]
-    g2, x2, w = _flat(g), _flat(x), w.contiguous()
-    if s_w is None:
-        s_w = _weight(w, s_x, quant=False)[0]
-    dx = dw = ds = None
-    if need_x or need_s:
-        # dx_hat = G w_hat, contracting over N: a = g2 rows, b = w_hat columns (element (k, n) at n K + k)
-        dx_hat = rotated_product(g2, (n_out, 1), w, (1, k), m, k, n_out, rotate=rotate, block=block, b_pre=s_w)
-        dx, total = _lsq(dx_hat, x2, s_x, need_x, need_s)
-        if need_x:
-            dx = dx.reshape(x.shape)
-        if need_s:
-            ds = total * constant(ref.lsq_grad_scale, x.numel(), x.device)
-    if need_w:
-        # dw_hat = G^T x_hat, contracting over M: a = g2^T rows (element (n, m) at m N + n), b = x_hat columns;
-        # the gate |w / s_w| <= 127 runs in the GEMM epilogue
-        dw = rotated_product(g2, (1, n_out), x2, (1, k), n_out, k, m, rotate=rotate, block=block, b_pre=s_x,
-                             mask_src=w, mask_scale=s_w)
-    return dx, dw, ds
+    dx, dw, ds = int8_linear_backward_windows(g[None], x[None], w, s_x, rotate=rotate, block=block, needs=needs,
+                                              s_w=s_w)  # one window: all of x's rows
+    return None if dx is None else dx[0], dw[0], ds[0]
 
 
 def int8_linear_backward_windows(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *,
@@ -283,11 +264,14 @@ def int8_linear_backward_windows(g: torch.Tensor, x: torch.Tensor, w: torch.Tens
     dx, dws, dss = None, [None] * windows, [None] * windows
     if need_x or need_s:
         dx_hat = rotated_product(g2, (n_out, 1), w, (1, k), m, k, n_out, rotate=rotate, block=block, b_pre=s_w)
-        if need_x:
-            dx = _lsq(dx_hat, x2, s_x, True, False)[0].reshape(x.shape)
-        if need_s:
+        if need_s:  # per window: the gate and the window's exact sum in its one pass over dx_hat
+            dx2 = torch.empty_like(x2) if need_x else None
             scale = constant(ref.lsq_grad_scale, rows * k, x.device)
-            dss = [_lsq(dx_hat[p], x2[p], s_x, False, True)[1] * scale for p in part]
+            dss = [_lsq(dx_hat[p], x2[p], s_x, need_x, True, None if dx2 is None else dx2[p])[1] * scale
+                   for p in part]
+        else:
+            dx2 = _lsq(dx_hat, x2, s_x, True, False)[0]
+        dx = None if dx2 is None else dx2.reshape(x.shape)
     if need_w:
         dws = [rotated_product(g2[p], (1, n_out), x2[p], (1, k), n_out, k, rows, rotate=rotate, block=block,
                                b_pre=s_x, mask_src=w, mask_scale=s_w) for p in part]
