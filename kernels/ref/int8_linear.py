@@ -102,8 +102,12 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
     Everything is recomputed from (x, w, s_x) with the forward's functions, so it has the forward's bits.
     s_w: w's step (weight_step(w)) when the caller has it, else it is taken here.
     """
-    dx, dw, ds = int8_linear_backward_windows(g[None], x[None], w, s_x, rotate=rotate, block=block, needs=needs,
-                                              s_w=s_w)  # one window: all of x's rows
+    return as_one_window(int8_linear_backward_windows, g, x, w, s_x, rotate=rotate, block=block, needs=needs, s_w=s_w)
+
+
+def as_one_window(backward_windows, g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, **kw):
+    """(dx, dw, ds_x) of one call through a windows backward (this module's or a twin's): x's rows as one window."""
+    dx, dw, ds = backward_windows(g[None], x[None], w, s_x, **kw)
     return None if dx is None else dx[0], dw[0], ds[0]
 
 

@@ -237,9 +237,8 @@ def int8_linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x:
                          ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(dx like x, dw float32 [N, K], ds_x 0-dim float32): the bits of ref.int8_linear_backward.
     s_w: w's step (weight_step(w)) when the caller has it from the forward, else it is taken here."""
-    dx, dw, ds = int8_linear_backward_windows(g[None], x[None], w, s_x, rotate=rotate, block=block, needs=needs,
-                                              s_w=s_w)  # one window: all of x's rows
-    return None if dx is None else dx[0], dw[0], ds[0]
+    return ref.as_one_window(int8_linear_backward_windows, g, x, w, s_x, rotate=rotate, block=block, needs=needs,
+                             s_w=s_w)
 
 
 def int8_linear_backward_windows(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s_x: torch.Tensor, *,
