@@ -15,7 +15,7 @@ Methods (M = 2^20 elements; each rank's buffer is a float32 partial hashed from 
   exact-limbs    the exact gradient sum's limb wire: each rank's ExactSum limbs (3 x int64) and non-finite
                  stand-ins (float64) all-reduced, then ExactSum.result(1/R) (by pieces of 2^16 elements on a
                  CPU, which stay in cache: the same bits)
-  exact-compact  the same sum on collectives/exact_wire.py (ExactSum's bits, ~8 bytes an element), its integer
+  exact-compact  the same sum on collectives/exact_wire.py (ExactSum's bits, ~7 bytes an element), its integer
                  all-reduces on CollectiveGroup's recursive-doubling schedule
   exact-compact-native  the same with torch.distributed.all_reduce doing the wire's integer sums and maxima
   exact-compact-eager   exact-compact with the wire's eager torch passes (fused=False; the fused passes'
@@ -106,11 +106,13 @@ def _counting_all_reduce():
 
 def _counting_group_reduce(plain):
     """A CollectiveGroup all-reduce method (the compact wire's SUM and MAX, on the recursive-doubling schedule) that
-    adds its tensor's bytes to SENT while SENT["on"], as torch.distributed.all_reduce's are."""
+    adds its tensor's bytes to SENT while SENT["on"], as torch.distributed.all_reduce's are: `width` bytes an
+    element where the call packs its int64 values to that width."""
 
     def reduce_(self, tensor, *args, **kw):
         if SENT["on"] and not self.native:  # native mode calls torch.distributed.all_reduce: counted there
-            SENT["bytes"] += tensor.numel() * tensor.element_size()
+            width = kw.get("width", args[0] if args else None)
+            SENT["bytes"] += tensor.numel() * (width or tensor.element_size())
         return plain(self, tensor, *args, **kw)
 
     return reduce_

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 
 import torch
@@ -37,16 +38,20 @@ def simulate_allreduce(partials: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, chunks: int = 1,
-                scratch: list[torch.Tensor] | None = None, op: str = "sum") -> torch.Tensor:
+                scratch: list[torch.Tensor] | None = None, op: str = "sum", width: int | None = None) -> torch.Tensor:
     """Deterministic in-place sum of `tensor` over `group`; every rank gets TreeFold's bits. Returns tensor.
     op "max": the elementwise maximum over the same schedule (exact in any order).
 
     chunks > 1 pipelines each round: all chunk exchanges are posted, and chunk c is added as soon as it
     has arrived, overlapping the adds with the transfers. Elementwise adds per chunk: the same bits.
     scratch: receive buffers kept by the caller between calls (grown here as needed); fresh ones otherwise.
+    width (int64 only): each value travels as its low `width` bytes, two's complement (`packed_all_reduce_`); the
+    caller guarantees that every value and every partial sum lies in [-2^(8 width - 1), 2^(8 width - 1)).
     """
     if not tensor.is_contiguous():
         raise ValueError("all_reduce_ needs a contiguous tensor (it sends and folds its storage in place)")
+    if width is not None and width != tensor.element_size():
+        return packed_all_reduce_(tensor, width, group, op, scratch)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     flat = tensor.view(-1)
     bounds = _chunk_bounds(flat.numel(), chunks)
@@ -55,7 +60,7 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, ch
         step = row[rank]
         if step.idle:
             continue
-        bufs = _buffers(pool, len(step.recvs), flat)
+        bufs = _buffers(pool, len(step.recvs), flat.numel(), flat.dtype, flat.device)
         works = []
         for a, b in bounds:
             works.append(post([(flat[a:b], p) for p in step.sends],
@@ -67,15 +72,78 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, ch
     return tensor
 
 
-def _buffers(pool: list[torch.Tensor], k: int, like: torch.Tensor) -> list[torch.Tensor]:
-    """k receive buffers shaped like `like`: views into pool entries, reallocated when too small."""
-    n = like.numel()
+def packed_all_reduce_(tensor: torch.Tensor, width: int, group: dist.ProcessGroup | None = None,
+                       op: str = "sum", scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """`all_reduce_` (op "sum") of an int64 tensor whose values and partial sums all fit `width` bytes (two's
+    complement), with `width` bytes an element on the wire: each round sends the accumulator's low bytes and adds
+    what arrives, sign-extended. Integer sums in any order: the int64 all-reduce's results. On a CPU the byte passes
+    are collectives/wire_cpu.py's loops where its library builds, else torch's. scratch: the caller's kept byte
+    buffers (as `all_reduce_`'s; a pool of its own, uint8)."""
+    if tensor.dtype != torch.int64 or not 1 <= width < 8 or op != "sum":
+        raise ValueError(f"packed all-reduce: sums int64 with a width of 1..7 bytes, got {op} of {tensor.dtype}, "
+                         f"width {width}")
+    rank = dist.get_rank(group)
+    flat = tensor.view(-1)
+    fast = _fast_bytes(flat, width)
+    pool = scratch if scratch is not None else []
+    for row in schedule(dist.get_world_size(group)):
+        step = row[rank]
+        if step.idle:
+            continue
+        *got, out = (b.view(-1, width) for b in _buffers(pool, len(step.recvs) + 1, flat.numel() * width,
+                                                          torch.uint8, flat.device))
+        if step.sends:
+            fast.narrow(flat, width, out) if fast else out.copy_(narrow(flat, width))
+        bufs = dict(zip(step.recvs, got))
+        for w in post([(out, p) for p in step.sends], list((b, p) for p, b in bufs.items()), group):
+            w.wait()
+        for i, x in enumerate(x for x in step.fold if x != rank):  # acc = the sum of the fold's values
+            assign = i == 0 and rank not in step.fold
+            if fast:
+                fast.widen_add(bufs[x], flat, assign)
+            else:
+                flat.copy_(widen(bufs[x])) if assign else flat.add_(widen(bufs[x]))
+    return tensor
+
+
+def _fast_bytes(flat: torch.Tensor, width: int):
+    """collectives/wire_cpu.py where it takes this tensor and width, else None (torch's ops)."""
+    if flat.device.type != "cpu":
+        return None
+    import collectives.wire_cpu as wire_cpu  # the module, not the package, which imports this one
+
+    return wire_cpu if width in wire_cpu.WIDTHS and wire_cpu.takes(flat) else None
+
+
+def narrow(values: torch.Tensor, width: int) -> torch.Tensor:
+    """int64 values (n,) -> their low `width` bytes (n, width) uint8 (the values must fit)."""
+    return _bytes(values)[:, :width].contiguous()
+
+
+def widen(packed: torch.Tensor) -> torch.Tensor:
+    """`narrow`'s inverse: (n, width) uint8 -> int64 (n,), the top byte's sign bit extended."""
+    n, width = packed.shape
+    full = torch.empty((n, 8), dtype=torch.uint8, device=packed.device)
+    full[:, :width] = packed
+    full[:, width:] = (packed[:, width - 1:] >= 0x80).to(torch.uint8).mul_(0xFF)  # 0x00 or 0xFF, broadcast
+    return full.view(torch.int64).view(-1)
+
+
+def _bytes(values: torch.Tensor) -> torch.Tensor:
+    """An int64 tensor's bytes as (n, 8), least significant first (every machine we run on is little-endian)."""
+    if sys.byteorder != "little":
+        raise RuntimeError("the packed all-reduce reads int64 bytes least significant first: a little-endian host")
+    return values.view(torch.uint8).view(-1, 8)
+
+
+def _buffers(pool: list[torch.Tensor], k: int, n: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """k buffers of n elements: views into pool entries, reallocated when too small."""
     while len(pool) < k:
-        pool.append(torch.empty(n, dtype=like.dtype, device=like.device))
+        pool.append(torch.empty(n, dtype=dtype, device=device))
     for i in range(k):
         b = pool[i]
-        if b.numel() < n or b.dtype != like.dtype or b.device != like.device:
-            pool[i] = torch.empty(n, dtype=like.dtype, device=like.device)
+        if b.numel() < n or b.dtype != dtype or b.device != device:
+            pool[i] = torch.empty(n, dtype=dtype, device=device)
     return [pool[i][:n] for i in range(k)]
 
 

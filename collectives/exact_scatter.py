@@ -7,7 +7,8 @@ of the mesh holds a partial sum of every element; the owner gets the float32 res
 
 1. MAX of the per-block bytes (`agree_tops`) in the replica, then across: every rank knows every block's shift s.
 2. The words (one int64 an element, K = bit_length of the mesh's size) reduce-scattered in the replica to the
-   owners, then summed across: each owner decodes its elements, and finds those whose interval is unsettled.
+   owners, then summed across (7 bytes a word on that wire): each owner decodes its elements, and finds those whose
+   interval is unsettled.
 3. The owners' unsettled positions, made known in the replica by an integer sum (each rank fills only its own
    span; the ranks across hold the same positions, from the same summed words); every rank's low parts of them
    reduce-scattered to their owners and summed across; the owners finish those elements.
@@ -23,8 +24,8 @@ from typing import Protocol
 
 import torch
 
-from .exact_wire import (MANT, WORD, SumGroup, WireStats, _layout, _low, _Piece, _shifted, agree_tops, decode_part,
-                         encode_part, fused_passes, scan_part)
+from .exact_wire import (MANT, WIRE_BYTES, WORD, SumGroup, WireStats, _layout, _low, _Piece, _shifted, agree_tops,
+                         decode_part, encode_part, fused_passes, scan_part)
 from .limbs import F64, combine, normalize, scaled, to_float32
 
 I32, I64 = torch.int32, torch.int64
@@ -78,7 +79,7 @@ def compact_exact_reduce_scatter(parts: Sequence[Sequence[Part]], replica: Scatt
             encode_part(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk, fast)
     sizes = [b - a for a, b in zip(ends, ends[1:])]
     got = replica.reduce_scatter(words, sizes)
-    across.all_reduce_sum_(got)
+    across.all_reduce_sum_(got, width=WIRE_BYTES)
     late = []
     for p, out in zip(mine, outs):
         at = p.at - ends[me]

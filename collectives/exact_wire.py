@@ -1,4 +1,4 @@
-"""The compact wire of the exact sum: ExactSum's float32 bits for about 8 bytes an element instead of 32.
+"""The compact wire of the exact sum: ExactSum's float32 bits for about 7 bytes an element instead of 32.
 
 Each rank holds per element the integer L_r of its exact partial sum, three int64 limbs (collectives/limbs.py),
 and a float64 non-finite stand-in `bad` (0 unless inf/NaN). The limb wire all-reduces all four words; this one
@@ -8,16 +8,17 @@ recursive-doubling schedule (collectives/allreduce.py), over gloo or NCCL point 
 1. MAX of one byte a block of `block` elements: E with |L_r| < 2^E for every element and rank of the block
    (E < 144), or 255 where the rank's `bad` is non-zero there; the flagged blocks' E (rare) follow in one more
    byte MAX (`agree_tops`).
-2. SUM of one int64 an element: with K = bit_length(R) and s = max(0, E + K - min(53, 62 - K)) for its block,
+2. SUM of one word an element: with K = bit_length(R) and s = max(0, E + K - min(53, 54 - K)) for its block,
    each rank sends (floor(L_r / 2^s) << K) + [L_r mod 2^s != 0]. |floor(L_r / 2^s)| <= 2^(E-s), so any partial
-   sum of R words stays below 2^(E-s+2K) + 2^K <= 2^62 + 2^K: no overflow in any order. The total is
+   sum of R words stays below 2^(E-s+2K) + 2^K <= 2^54 + 2^K < 2^55: no overflow in any order, and every
+   partial sum fits 56-bit two's complement, so a word travels as the low 7 bytes of its int64. The total is
    (H << K) + F, H the sum of the floors (|H| < 2^(E-s+K) <= 2^53), 0 <= F <= R < 2^K the ranks with low bits
    (H = total >> K, F = total & (2^K - 1)). The exact sum L lies in [lo, hi] = [H 2^s, H 2^s + F (2^s - 1)];
    where F = 0, L = lo, a float64 (|H| <= 2^53), whose chain result is lo itself (collectives/limbs.py).
 3. Where F > 0 and the results at both ends, widened (`_settled`), round to different float32 bits: SUM of
    every rank's L_r mod 2^s as three 40-bit limbs, and then L itself. These elements follow from the summed
    words by the same ops, so every rank picks the same ones. On gradients they are rare: an element has
-   F > 0 only where a rank's sum has bits more than 53 - K below its block's top bit, and then the interval
+   F > 0 only where a rank's sum has bits more than 54 - 2K below its block's top bit, and then the interval
    is still far narrower than a float32 ulp of the result, except near zero or near a rounding boundary.
 4. SUM of the flagged blocks' `bad` values (float64, as the limb wire sends them; rare).
 
@@ -41,7 +42,8 @@ from .limbs import DIGIT, F32, F64, GRID, combine, normalize, normalize_, scaled
 
 I32, I64, U8 = torch.int32, torch.int64, torch.uint8
 FLAGGED = 255  # phase 1's byte for a block with a non-finite stand-in (a block's E is below 144)
-WORD = 62  # bit-relevant: every partial sum of words stays below 2^62 + 2^K in magnitude
+WORD = 54  # bit-relevant: every partial sum of words stays below 2^54 + 2^K < 2^55 in magnitude,
+WIRE_BYTES = 7  # so a word travels as its low 7 bytes (56-bit two's complement)
 MANT = 53  # bit-relevant: |H| <= 2^53, so lo = H 2^s is a float64
 FITS = 3 * DIGIT - 17  # |L| < 2^103: floor(L / 2^40) fits an int64 (the encode's two-shift path)
 MARGIN = float.fromhex("0x1p-40")  # bit-relevant: the settle test's outward widening (the chain's error < 2^-49.9)
@@ -55,7 +57,7 @@ class SumGroup(Protocol):
 
     world: int
 
-    def all_reduce_sum_(self, t: torch.Tensor) -> object: ...
+    def all_reduce_sum_(self, t: torch.Tensor, width: int | None = None) -> object: ...
 
     def all_reduce_max_(self, t: torch.Tensor) -> object: ...
 
@@ -110,7 +112,7 @@ def compact_exact_sum(parts: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     words = torch.empty(stats.elements, dtype=I64, device=dev)
     for p in pieces:
         encode_part(p, s[p.blocks], k, words[p.at:p.at + p.n], block, chunk, fast)
-    group.all_reduce_sum_(words)
+    group.all_reduce_sum_(words, width=WIRE_BYTES)
     late = []
     for p, out in zip(pieces, outs):
         idx, tested = decode_part(s[p.blocks], k, words[p.at:p.at + p.n], scale, out, block, chunk, fast)
@@ -306,7 +308,7 @@ def _word(l0: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, s: torch.Tensor,
     elif lo >= DIGIT and hi <= 2 * DIGIT:
         h = (l2 << (2 * DIGIT - s)) + (l1 >> (s - DIGIT))
         low = l0 | (l1 & _mask(s - DIGIT))
-    elif hi + min(MANT, WORD - k) - k <= FITS:  # E = s + min(53, 62 - K) - K where s > 0
+    elif hi + min(MANT, WORD - k) - k <= FITS:  # E = s + min(53, 54 - K) - K where s > 0
         a = s.clamp(max=DIGIT)
         # floor(L / 2^a): where a = s it is floor(L / 2^s), |.| <= 2^(E - s) <= 2^53; else floor(L / 2^40)
         la = (((l2 << DIGIT) + l1) << (DIGIT - a)) + (l0 >> a)

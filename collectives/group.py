@@ -102,9 +102,10 @@ class CollectiveGroup:
             return tensor
         return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor))
 
-    def _pool(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        # one pool a dtype and device: the exact wire mixes uint8, int64 and float64
-        return self._scratch.setdefault((tensor.dtype, tensor.device), [])
+    def _pool(self, tensor: torch.Tensor, width: int | None = None) -> list[torch.Tensor]:
+        # one pool a dtype and device (the exact wire mixes uint8, int64 and float64); packed words travel as bytes
+        dtype = torch.uint8 if width is not None and width != tensor.element_size() else tensor.dtype
+        return self._scratch.setdefault((dtype, tensor.device), [])
 
     def average_(self, tensor: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """tensor *= 1/n (default n = world) as a reciprocal multiply."""
@@ -127,13 +128,15 @@ class CollectiveGroup:
         """On group rank `dst` the full 1-D buffer of `numel` elements from every rank's shard; None elsewhere."""
         return _gather(shard, numel, self.group, dst)
 
-    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_reduce_sum_(self, tensor: torch.Tensor, width: int | None = None) -> torch.Tensor:
         """In-place sum for the compact exact wire's integers (and its non-finite stand-ins): the recursive-doubling
-        schedule, as `all_reduce_` (integer sums are exact in any order anyway); torch's own in native mode."""
+        schedule, as `all_reduce_` (integer sums are exact in any order anyway); torch's own in native mode.
+        width: int64 values travel as their low `width` bytes (every value and partial sum must fit them);
+        native mode sends all 8."""
         if self.native:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
             return tensor
-        return self._scheduled(tensor, "sum")
+        return self._scheduled(tensor, "sum", width)
 
     def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place elementwise max over the group on the recursive-doubling schedule (torch's own in native mode)."""
@@ -142,14 +145,14 @@ class CollectiveGroup:
             return tensor
         return self._scheduled(tensor, "max")
 
-    def _scheduled(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+    def _scheduled(self, tensor: torch.Tensor, op: str, width: int | None = None) -> torch.Tensor:
         """The recursive-doubling schedule in place; under gloo a GPU tensor goes through a host copy (gloo's point
         to point moves host memory only; its all-reduce takes GPU tensors, which Ray GPU workers sharing a GPU use)."""
         if self.backend == "gloo" and tensor.device.type != "cpu":
             host = tensor.cpu()
-            _det_all_reduce_(host, self.group, self.chunks, self._pool(host), op=op)
+            _det_all_reduce_(host, self.group, self.chunks, self._pool(host, width), op=op, width=width)
             return tensor.copy_(host)
-        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor), op=op)
+        return _det_all_reduce_(tensor, self.group, self.chunks, self._pool(tensor, width), op=op, width=width)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite `tensor` with rank `src`'s (group rank) in place (data movement only)."""

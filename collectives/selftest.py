@@ -63,6 +63,9 @@ def check(g: CollectiveGroup, n: int = 4097, seed: int = 0) -> dict:
     res["all_reduce_max"] = _same(g.all_reduce_max_(mine.clone()), torch.stack(ps).amax(0))
     res["broadcast"] = _same(g.broadcast(mine.clone(), src=world - 1), ps[world - 1])
     res["exact_all_reduce"] = _same(exact_all_reduce_(mine.clone(), g.group, block=256), exact_sum(ps, block=256))
+    ints = [p.view(torch.int32).to(torch.int64) << 21 for p in ps]  # |x| <= 2^52: sums of up to 8 fit 7 bytes
+    packed = g.all_reduce_sum_(ints[rank].to(dev).clone(), width=7)
+    res["all_reduce_sum_7_bytes"] = _same(packed, torch.stack(ints).sum(0))
     # torch's own all-reduce on the same group: marked non-deterministic; close, bits unspecified
     native = CollectiveGroup(g.group, native=True, device=dev)
     nat = native.all_reduce_(mine.clone()).cpu().double()

@@ -190,3 +190,62 @@ i64 wire_late(const i64* words, const i64* s, i64 n, i64 block, int k, double sc
     return c;
 }
 }
+
+// The packed all-reduce's wire (collectives/allreduce.py, `narrow` and `widen`): int64 values as their low W bytes,
+// least significant first (two's complement; the caller's values fit). Each element's bytes are a fixed-size copy.
+template <int W>
+static void narrow_w(const i64* v, i64 n, unsigned char* out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (i64 i = 0; i < n; i++) std::memcpy(out + i * W, v + i, W);
+}
+
+// element i's W bytes, sign-extended. Every element but the last is read as 8 bytes (in bounds: i W + 8 <= n W for
+// W >= 4), whose bytes past W the shift drops.
+template <int W>
+static inline i64 widened(const unsigned char* in, i64 i, i64 n) {
+    u64 x = 0;
+    std::memcpy(&x, in + i * W, i + 1 < n ? 8 : W);
+    return i64(x << (64 - 8 * W)) >> (64 - 8 * W);  // arithmetic shift: the top byte's sign bit extended
+}
+
+// acc[i] = (assign ? 0 : acc[i]) + the value of element i's W bytes (wrapping, as torch's int64 add)
+template <int W>
+static void widen_add_w(const unsigned char* in, i64 n, i64* acc, int assign, int threads) {
+    if (n <= 0) return;
+    if (assign) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (i64 i = 0; i < n - 1; i++) {
+            u64 x;
+            std::memcpy(&x, in + i * W, 8);
+            acc[i] = i64(x << (64 - 8 * W)) >> (64 - 8 * W);
+        }
+    } else {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (i64 i = 0; i < n - 1; i++) {
+            u64 x;
+            std::memcpy(&x, in + i * W, 8);
+            acc[i] = add(acc[i], i64(x << (64 - 8 * W)) >> (64 - 8 * W));
+        }
+    }
+    acc[n - 1] = assign ? widened<W>(in, n - 1, n) : add(acc[n - 1], widened<W>(in, n - 1, n));
+}
+
+extern "C" {
+int wire_narrow(const i64* v, i64 n, int width, unsigned char* out, int threads) {
+    switch (width) {
+        case 5: narrow_w<5>(v, n, out, threads); return 0;
+        case 6: narrow_w<6>(v, n, out, threads); return 0;
+        case 7: narrow_w<7>(v, n, out, threads); return 0;
+        default: return -1;
+    }
+}
+
+int wire_widen_add(const unsigned char* in, i64 n, int width, i64* acc, int assign, int threads) {
+    switch (width) {
+        case 5: widen_add_w<5>(in, n, acc, assign, threads); return 0;
+        case 6: widen_add_w<6>(in, n, acc, assign, threads); return 0;
+        case 7: widen_add_w<7>(in, n, acc, assign, threads); return 0;
+        default: return -1;
+    }
+}
+}

@@ -29,7 +29,10 @@ P, I64, F64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_in
 SIGNATURES = {"wire_scan": (P, P, P, P, I64, I64, P, P, I32),
               "wire_encode": (P, P, P, P, I64, I64, I32, P, I32),
               "wire_decode": (P, P, I64, I64, I32, F64, P, P, P, I32),
-              "wire_late": (P, P, I64, I64, I32, F64, P, I64, P)}
+              "wire_late": (P, P, I64, I64, I32, F64, P, I64, P),
+              "wire_narrow": (P, I64, I32, P, I32),
+              "wire_widen_add": (P, I64, I32, P, I32, I32)}
+WIDTHS = (5, 6, 7)  # the packed wire's widths built here (collectives/allreduce.py)
 
 
 def _cache_dir() -> Path:
@@ -125,3 +128,15 @@ def decode(s: torch.Tensor, k: int, words: torch.Tensor, scale: float, out: torc
     if idx.numel():
         lib.wire_late(_ptr(words), _ptr(s), n, block, k, scale, _ptr(blocks), blocks.numel(), _ptr(idx))
     return idx, int(counts[0].sum())
+
+
+def narrow(values: torch.Tensor, width: int, out: torch.Tensor) -> None:
+    """out (n, width) uint8 = the low `width` bytes of each int64 of values (n,), contiguous (allreduce.narrow)."""
+    library().wire_narrow(_ptr(values), values.numel(), width, _ptr(out), torch.get_num_threads())
+
+
+def widen_add(packed: torch.Tensor, acc: torch.Tensor, assign: bool) -> None:
+    """acc (n,) int64 = (0 if assign else acc) + the sign-extended values of packed (n, width) uint8 (allreduce.widen)."""
+    library().wire_widen_add(_ptr(packed), acc.numel(), packed.shape[1], _ptr(acc), int(assign),
+                             torch.get_num_threads())
+

@@ -80,8 +80,8 @@ class TorchGroup:
             self._collectives.warm_up()
         return self._collectives
 
-    def all_reduce_sum_(self, t: torch.Tensor) -> None:
-        self.collectives.all_reduce_sum_(t)  # int64 (or inf/NaN stand-ins): recursive doubling, order-free anyway
+    def all_reduce_sum_(self, t: torch.Tensor, width: int | None = None) -> None:
+        self.collectives.all_reduce_sum_(t, width)  # int64 (or inf/NaN stand-ins): recursive doubling, order-free anyway
 
     def all_reduce_max_(self, t: torch.Tensor) -> None:
         self.collectives.all_reduce_max_(t)  # a max is exact in any order
@@ -127,7 +127,7 @@ class SoloGroup:
 
     rank, world = 0, 1
 
-    def all_reduce_sum_(self, t: torch.Tensor) -> None:
+    def all_reduce_sum_(self, t: torch.Tensor, width: int | None = None) -> None:
         pass
 
     def all_reduce_max_(self, t: torch.Tensor) -> None:

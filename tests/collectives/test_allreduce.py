@@ -1,6 +1,7 @@
 import pytest
+import torch
 
-from collectives.allreduce import schedule, simulate_allreduce
+from collectives.allreduce import narrow, schedule, simulate_allreduce, widen
 from collectives.schedule import allreduce_schedule, blocks, check_schedule
 from collectives.treefold import treefold
 
@@ -52,3 +53,37 @@ def test_schedule_of_six():
     assert [st.fold for st in s[2][:4]] == [(0, 4), (1, 5), (2, 4), (3, 5)]
     assert s[2][4].sends == (0, 2) and s[2][5].sends == (1, 3)
     assert s[3][4].fold == (0,) and s[3][5].fold == (1,) and s[3][0].sends == (4,)
+
+
+def test_narrow_and_widen_carry_every_value_of_the_width():
+    """The packed wire's bytes: a value of `width` bytes' two's complement range comes back as it went, its extremes
+    and signs included; one outside the range does not (the caller's bound is what makes the wire exact)."""
+    for width in (1, 3, 7):
+        top = 1 << (8 * width - 1)
+        vals = torch.tensor([0, 1, -1, top - 1, -top, 12345 % top, -(12345 % top), top // 3, -top // 3],
+                            dtype=torch.int64)
+        packed = narrow(vals, width)
+        assert packed.shape == (vals.numel(), width) and packed.dtype == torch.uint8
+        assert torch.equal(widen(packed), vals)
+        assert not torch.equal(widen(narrow(torch.tensor([top, -top - 1]), width)), torch.tensor([top, -top - 1]))
+
+
+@pytest.mark.parametrize("width", [5, 6, 7])
+def test_the_cpu_byte_loops_are_the_torch_ops(width):
+    """collectives/wire_cpu.py's narrow and widen-add (the packed wire on a CPU) against `narrow` and `widen`."""
+    from collectives import wire_cpu
+
+    if wire_cpu.library() is None:
+        pytest.fail(f"wire_cpu not built: {wire_cpu.status()}")
+    top = 1 << (8 * width - 1)
+    g = torch.Generator().manual_seed(width)
+    vals = torch.cat([torch.tensor([0, -1, 1, top - 1, -top]), torch.randint(-top, top, (997,), generator=g)])
+    out = torch.empty((vals.numel(), width), dtype=torch.uint8)
+    wire_cpu.narrow(vals, width, out)
+    assert torch.equal(out, narrow(vals, width))
+    acc = torch.randint(-(1 << 62), 1 << 62, (vals.numel(),), generator=g)
+    want = acc + widen(out)
+    wire_cpu.widen_add(out, acc, assign=False)
+    assert torch.equal(acc, want)
+    wire_cpu.widen_add(out, acc, assign=True)
+    assert torch.equal(acc, vals)

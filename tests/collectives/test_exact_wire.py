@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from collectives import CollectiveGroup, free_port, shard_bounds
 from collectives.exact_scatter import compact_exact_reduce_scatter
-from collectives.exact_wire import (_floor_shift, _low, _settled, _shifted, _top, _word, WireStats,
+from collectives.exact_wire import (WORD, _floor_shift, _low, _settled, _shifted, _top, _word, WireStats,
                                     compact_exact_sum)
 from collectives.limbs import combine, normalize, scaled, value
 from training.reduction import ExactSum
@@ -157,6 +157,15 @@ def tiny_case(world: int, seed: int) -> dict:
     return {"ranks": ranks, "scale": 1.0 / (2 * world), "block": 256, "chunk": 512}
 
 
+def aligned_case(world: int) -> dict:
+    """The words' worst case: every rank holds the same values at the top of their block, one sign per block, so
+    that the summed words come nearest the wire's bound (2^54 + 2^K; past 7 bytes with a wider word)."""
+    top = np.float32(2.0 ** 24 - 1)
+    blocks = [top * np.float32(2.0 ** e) * np.float32(sign) for e in (-40, -7, 0, 6) for sign in (1, -1)]
+    t = np.repeat(np.array(blocks, dtype=np.float32), 32)
+    return {"ranks": [{"a": [t.copy()]} for _ in range(world)], "scale": 1.0 / world, "block": 32, "chunk": 64}
+
+
 def sums_of(case: dict, ranks: range) -> dict[str, ExactSum]:
     """ExactSum per tensor over the partials of `ranks`, rank by rank."""
     first = case["ranks"][0]
@@ -176,7 +185,7 @@ def build() -> dict:
     for world in range(1, WORLD + 1):
         for name, case in (("mixed", mixed_case(world, 10 + world)), ("edge", edge_case(world, 1.0)),
                            ("edge3", edge_case(world, 1.0 / 3)), ("grad", grad_case(world, 20 + world)),
-                           ("tiny", tiny_case(world, 30 + world))):
+                           ("tiny", tiny_case(world, 30 + world)), ("aligned", aligned_case(world))):
             ref = sums_of(case, range(world))
             case["ref"] = {k: s.result(case["scale"]).reshape(-1) for k, s in ref.items()}
             case["wire"] = [{k: s.wire() for k, s in sorted(sums_of(case, range(r, r + 1)).items())}
@@ -242,7 +251,7 @@ def same_bits(got: np.ndarray, want: torch.Tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("world", range(1, WORLD + 1))
-@pytest.mark.parametrize("name", ["mixed", "edge", "edge3", "grad", "tiny"])
+@pytest.mark.parametrize("name", ["mixed", "edge", "edge3", "grad", "tiny", "aligned"])
 def test_every_rank_gets_the_single_process_bits(ran, world, name):
     cases, out = ran
     case = cases[(world, name)]
@@ -336,15 +345,15 @@ def test_block_tops_bound_every_sum_within_a_bit():
         assert all(abs(v) < 1 << got for v in r) and got <= top + 1, (top, got)
 
 
-@pytest.mark.parametrize("shifts", [(0,), (23,), (40,), (41,), (77,), (80,), (3, 45), (12, 40, 54), (39, 90),
+@pytest.mark.parametrize("shifts", [(0,), (23,), (40,), (41,), (77,), (80,), (3, 45), (12, 40, 57), (39, 90),
                                     (60, 114)])
 def test_words_pack_the_floor_and_the_low_flag(shifts):
     """Every shift regime of `_word` (all shifts of a chunk up to 40, within 40..80, on both sides of 40 with every
     |L| < 2^103 (the two-shift path, up to its bound), or else), on sums that keep the wire's bound
-    |L| < 2^(s + 53 - K)."""
+    |L| < 2^(s + WORD - 2K)."""
     k = 4
     s = [shifts[i % len(shifts)] for i in range(600)]
-    tops = [min(x + 49, 138) for x in s]  # within the limbs' range
+    tops = [min(x + WORD - 2 * k, 138) for x in s]  # within the limbs' range
     rng = np.random.Generator(np.random.Philox(sum(shifts)))
     ls = []
     for t in tops:
@@ -409,8 +418,8 @@ def test_wire_bytes_and_refusals(one_thread):
     class Solo:
         world = 1
 
-        def all_reduce_sum_(self, t):
-            sent.append(("sum", t.numel() * t.element_size()))
+        def all_reduce_sum_(self, t, width=None):
+            sent.append(("sum", t.numel() * (width or t.element_size())))
 
         def all_reduce_max_(self, t):
             sent.append(("max", t.numel() * t.element_size()))
@@ -420,14 +429,14 @@ def test_wire_bytes_and_refusals(one_thread):
     x.add(torch.linspace(1, 3, 5000))
     got, stats = compact_exact_sum([x.wire()], Solo(), 0.5)
     assert torch.equal(got[0].view(I32), x.result(0.5).view(I32))
-    assert sent == [("max", 5), ("sum", 8 * 5000)] and stats.unsettled == 0
+    assert sent == [("max", 5), ("sum", 7 * 5000)] and stats.unsettled == 0
     sent.clear()
     y = ExactSum((5000,), "cpu")
     y.add(torch.linspace(-1, 1, 5000))
     y.add(torch.linspace(1, 3, 5000).index_fill(0, torch.tensor([3000]), float("inf")))
     got, stats = compact_exact_sum([y.wire()], Solo(), 0.5)
     assert torch.equal(got[0].view(I32), y.result(0.5).view(I32)) and stats.flagged_blocks == 1
-    assert sent == [("max", 5), ("max", 1), ("sum", 8 * 5000), ("sum", 8 * 1024)]
+    assert sent == [("max", 5), ("max", 1), ("sum", 7 * 5000), ("sum", 8 * 1024)]
     with pytest.raises(ValueError):
         compact_exact_sum([(torch.zeros(3, 4, dtype=torch.int32), None)], Solo(), 1.0)
     with pytest.raises(ValueError):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from collectives import wire_cpu
-from collectives.exact_wire import _decode, _encode, _Piece, _scan, compact_exact_sum, fused_passes
+from collectives.exact_wire import MANT, WORD, _decode, _encode, _Piece, _scan, compact_exact_sum, fused_passes
 from collectives.limbs import normalize
 from tests.collectives.test_exact_wire import edge_case, mixed_case, sums_of
 from tests.training.test_sharding import Hub, Sub
@@ -115,7 +115,7 @@ def test_each_pass_gives_the_eager_bits(world, one_thread):
     _scan(_Piece(ref, bad, 0, 0, n, n // block), want, block, 4 * block)
     assert torch.equal(mine, ref) and torch.equal(info, want)
     assert info[1].nonzero().squeeze(1).tolist() == [0, 11]  # -0.0 (block 234) is no stand-in
-    s = (info[0].to(I64) + (k - min(53, 62 - k))).clamp_(min=0)
+    s = (info[0].to(I64) + (k - min(MANT, WORD - k))).clamp_(min=0)
     assert s.max() > 80 and (s == 0).any() and ((s > 0) & (s < 40)).any()
     words, words_ref = torch.empty(n, dtype=I64), torch.empty(n, dtype=I64)
     wire_cpu.encode(ref, s, k, block, words)

@@ -18,6 +18,7 @@ from training.sharding import FlatLayout, Shard, sharded_l2_norm
 from training.state_hash import state_entries, state_hash
 from training.step import StepContext, TrainState, run_step
 from collectives import shard_bounds, simulate_allreduce, simulate_reduce_scatter
+from collectives.allreduce import narrow, widen
 from kernels.ref.reduce import global_l2_norm
 
 
@@ -27,6 +28,14 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def fits(t: torch.Tensor, width: int | None) -> torch.Tensor:
+    """t, after checking that a packed wire of `width` bytes an element carries it unchanged (what a sum's inputs and
+    result must do; CollectiveGroup's wire assumes it, tests/collectives/test_allreduce.py checks the wire)."""
+    if width is not None:
+        assert torch.equal(widen(narrow(t, width)), t), f"values outside {width}-byte two's complement"
+    return t
 
 
 class Hub:
@@ -66,8 +75,8 @@ class Sub:
     def all_reduce_(self, t):
         return t.copy_(simulate_allreduce(self._all(t))[self.rank])
 
-    def all_reduce_sum_(self, t):
-        return self.all_reduce_(t)
+    def all_reduce_sum_(self, t, width=None):
+        return fits(self.all_reduce_(fits(t, width)), width)
 
     def all_reduce_max_(self, t):
         return t.copy_(torch.stack(self._all(t)).amax(0))
@@ -80,9 +89,9 @@ class Rank:
     def __init__(self, rank: int, hubs: dict) -> None:
         self.rank, self.world, self.hubs = rank, hubs["world"].k, hubs
 
-    def all_reduce_sum_(self, t):
-        parts = self.hubs["world"].swap(self.rank, t.clone())
-        t.copy_(simulate_allreduce(parts)[self.rank])
+    def all_reduce_sum_(self, t, width=None):
+        parts = self.hubs["world"].swap(self.rank, fits(t, width).clone())
+        fits(t.copy_(simulate_allreduce(parts)[self.rank]), width)
 
     def all_reduce_max_(self, t):
         t.copy_(torch.stack(self.hubs["world"].swap(self.rank, t.clone())).amax(0))
