@@ -51,7 +51,9 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, ch
     if not tensor.is_contiguous():
         raise ValueError("all_reduce_ needs a contiguous tensor (it sends and folds its storage in place)")
     if width is not None and width != tensor.element_size():
-        return packed_all_reduce_(tensor, width, group, op, scratch)
+        if op != "sum":
+            raise ValueError(f"packed all-reduce: sums only, got op {op!r}")
+        return packed_all_reduce_(tensor, width, group, scratch)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     flat = tensor.view(-1)
     bounds = _chunk_bounds(flat.numel(), chunks)
@@ -73,18 +75,17 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, ch
 
 
 def packed_all_reduce_(tensor: torch.Tensor, width: int, group: dist.ProcessGroup | None = None,
-                       op: str = "sum", scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
-    """`all_reduce_` (op "sum") of an int64 tensor whose values and partial sums all fit `width` bytes (two's
-    complement), with `width` bytes an element on the wire: each round sends the accumulator's low bytes and adds
-    what arrives, sign-extended. Integer sums in any order: the int64 all-reduce's results. On a CPU the byte passes
-    are collectives/wire_cpu.py's loops where its library builds, else torch's. scratch: the caller's kept byte
-    buffers (as `all_reduce_`'s; a pool of its own, uint8)."""
-    if tensor.dtype != torch.int64 or not 1 <= width < 8 or op != "sum":
-        raise ValueError(f"packed all-reduce: sums int64 with a width of 1..7 bytes, got {op} of {tensor.dtype}, "
-                         f"width {width}")
+                       scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """`all_reduce_`'s sum of an int64 tensor whose values and partial sums all fit `width` bytes (two's complement),
+    with `width` bytes an element on the wire: each round sends the accumulator's low bytes and adds what arrives,
+    sign-extended. Integer sums in any order: the int64 all-reduce's results. On a CPU the byte passes are
+    collectives/wire_cpu.py's loops where its library builds, else torch's. scratch: the caller's kept byte buffers
+    (as `all_reduce_`'s; a pool of its own, uint8)."""
+    if tensor.dtype != torch.int64 or not 1 <= width < 8:
+        raise ValueError(f"packed all-reduce: int64 with a width of 1..7 bytes, got {tensor.dtype}, width {width}")
     rank = dist.get_rank(group)
     flat = tensor.view(-1)
-    fast = _fast_bytes(flat, width)
+    narrow_into, widen_add = _byte_passes(flat, width)
     pool = scratch if scratch is not None else []
     for row in schedule(dist.get_world_size(group)):
         step = row[rank]
@@ -93,26 +94,35 @@ def packed_all_reduce_(tensor: torch.Tensor, width: int, group: dist.ProcessGrou
         *got, out = (b.view(-1, width) for b in _buffers(pool, len(step.recvs) + 1, flat.numel() * width,
                                                           torch.uint8, flat.device))
         if step.sends:
-            fast.narrow(flat, width, out) if fast else out.copy_(narrow(flat, width))
+            narrow_into(flat, width, out)
         bufs = dict(zip(step.recvs, got))
-        for w in post([(out, p) for p in step.sends], list((b, p) for p, b in bufs.items()), group):
+        for w in post([(out, p) for p in step.sends], [(b, p) for p, b in bufs.items()], group):
             w.wait()
         for i, x in enumerate(x for x in step.fold if x != rank):  # acc = the sum of the fold's values
-            assign = i == 0 and rank not in step.fold
-            if fast:
-                fast.widen_add(bufs[x], flat, assign)
-            else:
-                flat.copy_(widen(bufs[x])) if assign else flat.add_(widen(bufs[x]))
+            widen_add(bufs[x], flat, i == 0 and rank not in step.fold)
     return tensor
 
 
-def _fast_bytes(flat: torch.Tensor, width: int):
-    """collectives/wire_cpu.py where it takes this tensor and width, else None (torch's ops)."""
-    if flat.device.type != "cpu":
-        return None
-    import collectives.wire_cpu as wire_cpu  # the module, not the package, which imports this one
+def _byte_passes(flat: torch.Tensor, width: int):
+    """(narrow_into, widen_add): collectives/wire_cpu.py's loops where they take this tensor and width, else torch's."""
+    if flat.device.type == "cpu":
+        import collectives.wire_cpu as wire_cpu  # the module, not the package, which imports this one
 
-    return wire_cpu if width in wire_cpu.WIDTHS and wire_cpu.takes(flat) else None
+        if width in wire_cpu.WIDTHS and wire_cpu.takes(flat):
+            return wire_cpu.narrow, wire_cpu.widen_add
+    return _narrow_into, _widen_add
+
+
+def _narrow_into(values: torch.Tensor, width: int, out: torch.Tensor) -> None:
+    out.copy_(narrow(values, width))
+
+
+def _widen_add(packed: torch.Tensor, acc: torch.Tensor, assign: bool) -> None:
+    """acc = (0 if assign else acc) + widen(packed)."""
+    if assign:
+        acc.copy_(widen(packed))
+    else:
+        acc.add_(widen(packed))
 
 
 def narrow(values: torch.Tensor, width: int) -> torch.Tensor:
